@@ -1,0 +1,136 @@
+"""Durations and the termination budget.
+
+Kubernetes starts one clock when it deletes a pod: ``terminationGracePeriodSeconds``.
+The preStop hook, the drain, SIGTERM handling and process exit all share it, and
+SIGKILL arrives when it runs out. A drain therefore gets ``grace_period - reserve``
+at most, where the reserve is left for sidecars, log flushing and exit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+
+__all__ = ["Budget", "ConfigError", "parse_duration"]
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+_HELP = "use a number of seconds or a duration such as 10s, 1.5s, 500ms, 2m or 1m30s"
+
+
+class ConfigError(ValueError):
+    """A user-supplied setting is wrong; the message names the value and the fix."""
+
+
+def parse_duration(value: str | float | int, *, name: str = "duration") -> float:
+    """Parse ``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a duration, got {value!r}; {_HELP}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = value.strip().lower()
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = _parse_units(text, value, name)
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{name}: {value!r} is not a finite duration; {_HELP}")
+    if seconds < 0:
+        raise ConfigError(f"{name}: {value!r} is negative; durations must be 0 or more")
+    return seconds
+
+
+def _parse_units(text: str, original: str, name: str) -> float:
+    pos = 0
+    total = 0.0
+    for match in _PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos == 0 or pos != len(text):
+        raise ConfigError(f"{name}: {original!r} is not a duration; {_HELP}")
+    return total
+
+
+def env_duration(var: str) -> float | None:
+    """Read a duration from the environment, naming the variable when it is wrong."""
+    raw = os.environ.get(var)
+    if raw is None or raw.strip() == "":
+        return None
+    return parse_duration(raw, name=f"environment variable {var}")
+
+
+DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a drain may take, derived from the pod's grace period.
+
+    ``limit`` is ``min(drain_timeout, grace_period - reserve)``: the time from drain
+    start to the deadline.
+    """
+
+    grace_period: float
+    reserve: float
+    drain_timeout: float | None
+    propagation_wait: float
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        grace_period: float | str | None = None,
+        reserve: float | str | None = None,
+        drain_timeout: float | str | None = None,
+        propagation_wait: float | str = 0.0,
+    ) -> Budget:
+        """Build a budget from options, falling back to ``GRACEFUL_GRACE_PERIOD``.
+
+        Raises :class:`ConfigError` for negative or malformed values and for a
+        reserve larger than the grace period.
+        """
+        if grace_period is None:
+            grace = env_duration("GRACEFUL_GRACE_PERIOD")
+            grace = DEFAULT_GRACE_PERIOD if grace is None else grace
+        else:
+            grace = parse_duration(grace_period, name="grace_period")
+        if grace <= 0:
+            raise ConfigError(
+                f"grace_period: {grace_period!r} leaves no time to drain; "
+                "set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
+            )
+        if reserve is None:
+            # 30% and at least 10 s, but never more than half of a short grace period.
+            res = max(0.3 * grace, min(10.0, 0.5 * grace))
+        else:
+            res = parse_duration(reserve, name="reserve")
+            if res >= grace:
+                raise ConfigError(
+                    f"reserve: {reserve!r} is not smaller than grace_period {grace:g}s; "
+                    "lower the reserve or raise the grace period"
+                )
+        timeout = None if drain_timeout is None else parse_duration(drain_timeout, name="drain_timeout")
+        wait = parse_duration(propagation_wait, name="propagation_wait")
+        return cls(grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait)
+
+    @property
+    def limit(self) -> float:
+        """Seconds from drain start to the deadline."""
+        room = self.grace_period - self.reserve
+        return room if self.drain_timeout is None else min(self.drain_timeout, room)
+
+    def problems(self) -> list[str]:
+        """Arithmetic that does not add up, worded for a warning log line."""
+        room = self.grace_period - self.reserve
+        if self.propagation_wait > room:
+            return [
+                f"propagation_wait {self.propagation_wait:g}s does not fit in grace_period "
+                f"{self.grace_period:g}s - reserve {self.reserve:g}s = {room:g}s; "
+                "raise terminationGracePeriodSeconds or shorten the propagation wait"
+            ]
+        return []

@@ -1,0 +1,32 @@
+"""The last frame of a stream that the drain deadline ends (see the README, "At the deadline")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+__all__ = ["FinalFrame", "default_final_frame", "shutdown_error"]
+
+# Given the response's content type, return the bytes to send before ending the
+# stream, or None to end it without a frame (the request is then only cancelled).
+FinalFrame = Callable[[bytes], "bytes | None"]
+
+
+def shutdown_error(message: str = "The server is shutting down; retry the request with the same idempotency key.") -> bytes:
+    return json.dumps(
+        {"error": {"type": "server_shutdown", "message": message, "retryable": True, "code": 503}},
+        separators=(",", ":"),
+    ).encode()
+
+
+_ERROR = shutdown_error()
+
+
+def default_final_frame(content_type: bytes) -> bytes | None:
+    """An OpenAI-style error event for SSE, an error line for NDJSON, nothing otherwise."""
+    media = content_type.split(b";", 1)[0].strip().lower()
+    if media == b"text/event-stream":
+        return b"data: " + _ERROR + b"\n\n"
+    if media in (b"application/x-ndjson", b"application/jsonl", b"application/jsonlines"):
+        return _ERROR + b"\n"
+    return None

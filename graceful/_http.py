@@ -1,0 +1,194 @@
+"""One admitted HTTP request (the hot path) and the middleware's own small responses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ._frames import shutdown_error
+from ._state import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, State
+from ._types import Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from ._middleware import GracefulMiddleware
+
+__all__ = ["NOT_STARTED_HEADER", "Call", "json_response", "reject"]
+
+# Marks a 503 whose request never reached the app, so a gateway knows a retry is safe.
+NOT_STARTED_HEADER = b"x-graceful-not-started"
+_HTTP1 = frozenset({"1.0", "1.1"})
+SERVING = State.SERVING
+
+_MESSAGES = {
+    "server_draining": "This server is draining for shutdown and did not start the request; retry it elsewhere.",
+    "server_starting": "This server is still starting and did not start the request; retry it elsewhere.",
+    "server_stopped": "This server has stopped and did not start the request; retry it elsewhere.",
+    "server_overloaded": "This server is at its in-flight limit and did not start the request; retry it elsewhere.",
+}
+
+
+async def json_response(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+                (b"cache-control", b"no-store"),
+                *(headers or ()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def request_id(mw: GracefulMiddleware, scope: Scope) -> bytes:
+    wanted = mw.request_id_header
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return bytes(value)
+    return mw.next_request_id().encode()
+
+
+async def reject(mw: GracefulMiddleware, scope: Scope, send: Send, reason: str) -> None:
+    """A retryable 503 for a request the app never saw."""
+    body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
+    headers = [(b"retry-after", mw.retry_after), (NOT_STARTED_HEADER, b"1")]
+    if mw.request_id_header is not None:
+        headers.append((mw.request_id_header, request_id(mw, scope)))
+    if scope.get("http_version", "1.1") in _HTTP1:
+        headers.append((b"connection", b"close"))
+    await json_response(send, 503, body, headers)
+
+
+async def _drop(message: Message) -> None:
+    """Stands in for the server's send once the deadline has ended a response."""
+
+
+class Call:
+    """One admitted HTTP request, counted from admission until its last frame is handed to the server.
+
+    The count also ends if the client disconnects, the app raises or the task is
+    cancelled, exactly once whichever comes first.
+    """
+
+    __slots__ = ("mw", "scope", "_receive", "_send", "task", "cancel_scope", "started", "headers", "open", "t0")
+
+    def __init__(self, mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+        self.mw = mw
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.task = asyncio.current_task() if mw.is_asyncio() else None
+        self.cancel_scope: anyio.CancelScope | None = None
+        self.started = False
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.open = True
+        self.t0 = time.monotonic()
+
+    async def run(self) -> None:
+        drain = self.mw.drain
+        drain._in_flight += 1
+        drain._live[self] = None
+        try:
+            if self.task is not None:
+                await self.mw.app(self.scope, self.receive, self.send)
+            else:
+                with anyio.CancelScope() as self.cancel_scope:
+                    await self.mw.app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            if self.open:
+                self.finish(_classify(exc))
+            elif self._send is _drop and isinstance(exc, asyncio.CancelledError) and self.task is not None:
+                # We cancelled it at the deadline and already ended the response: do not
+                # let the server log our own cancellation as an application error.
+                if hasattr(self.task, "uncancel"):
+                    self.task.uncancel()
+                return
+            raise
+        if self.open:  # the app returned without finishing its response
+            self.finish(ERROR)
+
+    def finish(self, outcome: int) -> None:
+        self.open = False
+        drain = self.mw.drain
+        del drain._live[self]
+        drain._release(outcome)
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.disconnect" and self.open:
+            self.finish(CLIENT_DISCONNECTED)
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message.get("more_body"):
+            return await self._send(message)
+        kind = message["type"]
+        if kind == "http.response.body":
+            await self._send(message)
+            if self.open:
+                self.finish(COMPLETED)
+            return
+        if kind == "http.response.start":
+            message = self.start(message)
+        await self._send(message)
+
+    def start(self, message: Message) -> Message:
+        self.started = True
+        mw = self.mw
+        headers = list(message.get("headers", ()))
+        if mw.request_id_header is not None:
+            headers.append((mw.request_id_header, request_id(mw, self.scope)))
+        if mw.drain._state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
+            # Keep-alive clients and balancers must stop reusing this connection.
+            headers.append((b"connection", b"close"))
+        self.headers = headers
+        return {**message, "headers": headers}
+
+    def content_type(self) -> bytes:
+        for name, value in self.headers:
+            if name.lower() == b"content-type":
+                return bytes(value)
+        return b""
+
+    def describe(self) -> str:
+        scope = self.scope
+        return f"{scope.get('method', 'GET')} {scope['path']} ({time.monotonic() - self.t0:.1f}s)"
+
+    async def expire(self) -> None:
+        """End this request at the drain deadline: a final retryable frame if we can, then cancel."""
+        if not self.open:
+            return
+        send = self._send
+        self._send = _drop
+        self.mw.drain.count_truncated("deadline")
+        try:
+            if not self.started:
+                await json_response(send, 503, shutdown_error(), [(b"connection", b"close")])
+            else:
+                frame = self.mw.final_frame(self.content_type())
+                if frame is not None:
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # the client may be gone already; the cancel below still applies
+            pass
+        if self.open:
+            self.finish(CANCELLED)
+        if self.task is not None:
+            self.task.cancel()
+        elif self.cancel_scope is not None:
+            self.cancel_scope.cancel()
+
+
+def _classify(exc: BaseException) -> int:
+    if isinstance(exc, OSError):
+        return CLIENT_DISCONNECTED
+    if isinstance(exc, anyio.get_cancelled_exc_class()) or isinstance(exc, asyncio.CancelledError):
+        return CANCELLED
+    return ERROR

@@ -1,0 +1,199 @@
+"""GracefulMiddleware: admission, probes and exact in-flight accounting for any ASGI app."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ._frames import FinalFrame, default_final_frame
+from ._http import Call, json_response, reject
+from ._state import Drain, State
+from ._types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["GracefulMiddleware"]
+
+logger = logging.getLogger("graceful")
+
+SERVING = State.SERVING
+_DRAIN_OPTIONS = frozenset(
+    {
+        "grace_period",
+        "reserve",
+        "drain_timeout",
+        "propagation_wait",
+        "admit_during_propagation",
+        "on_drain_start",
+        "on_drained",
+        "hook_timeout",
+        "unwind_timeout",
+    }
+)
+
+
+class GracefulMiddleware:
+    """Pure-ASGI middleware that takes a server out of service without losing a request.
+
+    It answers the probes itself, refuses new work with a retryable 503 once draining,
+    and counts every admitted request until its last frame has been handed to the
+    server. ``.drain`` is the process-wide :class:`Drain` (made here if not given);
+    drain options (``grace_period``, ``propagation_wait``, ...) go to that ``Drain``.
+
+    Place it *inside* authentication middleware so that only accepted work is counted.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        drain: Drain | None = None,
+        *,
+        ready_path: str = "/ready",
+        live_path: str = "/live",
+        startup_path: str = "/startup",
+        exempt_paths: Iterable[str] = (),
+        metrics_path: str | None = None,
+        registry: Any = None,
+        retry_after: int = 1,
+        max_in_flight: int | None = None,
+        reject_over: int | None = None,
+        live_check: Callable[[], bool] | None = None,
+        ready_on_startup: bool = True,
+        request_id_header: str | None = "x-request-id",
+        admin: bool = True,
+        socket_dir: str | None = None,
+        socket_mode: int = 0o600,
+        final_frame: FinalFrame = default_final_frame,
+        **drain_options: Any,
+    ) -> None:
+        unknown = set(drain_options) - _DRAIN_OPTIONS
+        if unknown:
+            raise TypeError(f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; see the README for options")
+        if drain is None:
+            drain = Drain(**drain_options)
+        elif drain_options:
+            raise TypeError(
+                f"pass {sorted(drain_options)} to Drain(...) or leave drain=None; "
+                "GracefulMiddleware cannot reconfigure an existing Drain"
+            )
+        if retry_after < 0:
+            raise ValueError(f"retry_after={retry_after!r} must be 0 or more seconds")
+        for name, value in (("max_in_flight", max_in_flight), ("reject_over", reject_over)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value!r} must be at least 1 (or None for no limit)")
+        self.app = app
+        self.drain = drain
+        self.ready_on_startup = ready_on_startup
+        self.live_check = live_check
+        self.final_frame = final_frame
+        self.admin = admin
+        self.socket_dir = socket_dir
+        self.socket_mode = socket_mode
+        self.max_in_flight = max_in_flight if max_in_flight is not None else 1 << 62
+        self.reject_over = reject_over if reject_over is not None else 1 << 62
+        self.retry_after = str(retry_after).encode()
+        self.request_id_header = request_id_header.lower().encode() if request_id_header else None
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-"
+        self._asyncio: bool | None = None
+
+        from ._metrics import register
+
+        self.registry = register(drain, registry)
+        # One dict lookup per request decides whether a path is special; None means "pass to the app".
+        self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = {
+            path: None for path in exempt_paths
+        }
+        if metrics_path:
+            self._special[metrics_path] = self._metrics
+        self._special[ready_path] = self._ready
+        self._special[live_path] = self._live
+        self._special[startup_path] = self._startup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            if path in self._special:
+                handler = self._special[path]
+                if handler is None:
+                    return await self.app(scope, receive, send)
+                return await handler(scope, receive, send)
+            drain = self.drain
+            if drain._state is not SERVING and not drain.admits(scope.get("client")):
+                return await self._refuse(scope, send, _REFUSAL[drain._state])
+            if drain._in_flight >= self.reject_over:
+                return await self._refuse(scope, send, "server_overloaded")
+            return await Call(self, scope, receive, send).run()
+        if kind == "websocket":
+            from ._websocket import websocket_call
+
+            return await websocket_call(self, scope, receive, send)
+        if kind == "lifespan":
+            from ._lifespan import lifespan
+
+            return await lifespan(self, scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def next_request_id(self) -> str:
+        return self._id_prefix + str(next(self._ids))
+
+    def is_asyncio(self) -> bool:
+        """Which event loop runs us, found once: asyncio tasks are cancelled directly at the deadline."""
+        if self._asyncio is None:
+            import sniffio
+
+            self._asyncio = sniffio.current_async_library() == "asyncio"
+        return self._asyncio
+
+    async def _refuse(self, scope: Scope, send: Send, reason: str) -> None:
+        self.drain._reject(reason)
+        await reject(self, scope, send, reason)
+
+    # -- probes: answered here, never counted, never refused ----------------------------------
+
+    async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        drain = self.drain
+        ok = drain._state is SERVING and drain._in_flight < self.max_in_flight
+        await json_response(send, 200 if ok else 503, _probe_body(drain, ok))
+
+    async def _live(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ok = True
+        if self.live_check is not None:
+            try:
+                ok = bool(self.live_check())
+            except Exception:
+                logger.exception("live_check raised; reporting not live")
+                ok = False
+        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
+
+    async def _startup(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ok = self.drain._state is not State.STARTING
+        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        body = generate_latest(self.registry)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", b"%d" % len(body))],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+_REFUSAL = {
+    State.STARTING: "server_starting",
+    State.DRAINING: "server_draining",
+    State.STOPPED: "server_stopped",
+    State.SERVING: "server_overloaded",
+}
+
+
+def _probe_body(drain: Drain, ok: bool) -> bytes:
+    return json.dumps({"ok": ok, "state": drain._state.value, "in_flight": drain._in_flight}).encode()

@@ -1,0 +1,122 @@
+"""WebSockets: refused while not serving, counted until closed, closed with 1012 at the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ._state import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, State
+from ._types import Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from ._middleware import GracefulMiddleware
+
+SERVICE_RESTART = 1012  # RFC 6455 registry: "Service Restart"
+
+
+async def websocket_call(mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+    drain = mw.drain
+    if drain._state is not State.SERVING and not drain.admits(scope.get("client")):
+        drain._reject("server_draining" if drain._state is State.DRAINING else "server_starting")
+        await _refuse(scope, receive, send)
+        return
+    await _Socket(mw, scope, receive, send).run()
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = b'{"error":{"type":"server_draining","code":503,"message":"not accepting websockets"}}'
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1013})  # "Try Again Later" -> HTTP 403 from most servers
+
+
+async def _drop(message: Message) -> None:
+    pass
+
+
+class _Socket:
+    __slots__ = ("mw", "scope", "_receive", "_send", "task", "cancel_scope", "accepted", "open", "t0")
+
+    def __init__(self, mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+        self.mw = mw
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.task = asyncio.current_task() if mw.is_asyncio() else None
+        self.cancel_scope: anyio.CancelScope | None = None
+        self.accepted = False
+        self.open = True
+        self.t0 = time.monotonic()
+
+    async def run(self) -> None:
+        drain = self.mw.drain
+        drain._in_flight += 1
+        drain._live[self] = None
+        outcome = ERROR
+        try:
+            with anyio.CancelScope() as self.cancel_scope:
+                await self.mw.app(self.scope, self.receive, self.send)
+            outcome = CANCELLED if self.cancel_scope.cancelled_caught else COMPLETED
+        except OSError:
+            outcome = CLIENT_DISCONNECTED
+            raise
+        except anyio.get_cancelled_exc_class():
+            outcome = CANCELLED
+            raise
+        finally:
+            self.finish(outcome)
+
+    def finish(self, outcome: int) -> None:
+        if self.open:
+            self.open = False
+            drain = self.mw.drain
+            del drain._live[self]
+            drain._release(outcome)
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "websocket.disconnect":
+            self.finish(CLIENT_DISCONNECTED)
+        return message
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "websocket.accept":
+            self.accepted = True
+        await self._send(message)
+        if kind == "websocket.close":
+            self.finish(COMPLETED)
+
+    def describe(self) -> str:
+        return f"websocket {self.scope['path']} ({time.monotonic() - self.t0:.1f}s)"
+
+    async def expire(self) -> None:
+        if not self.open:
+            return
+        send = self._send
+        self._send = _drop
+        self.mw.drain.count_truncated("deadline")
+        try:
+            if self.accepted:
+                await send({"type": "websocket.close", "code": SERVICE_RESTART, "reason": "server restart"})
+            else:
+                await send({"type": "websocket.close", "code": 1013})
+        except Exception:
+            pass
+        self.finish(CANCELLED)
+        if self.cancel_scope is not None:
+            self.cancel_scope.cancel()
