@@ -18,30 +18,41 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def run_uvicorn(app: Any, **config: Any) -> AsyncIterator[uvicorn.Server]:
-    """Run ``app`` under a real uvicorn server in this event loop; yields the server.
+async def run_uvicorn(app: Any, server_class: type[uvicorn.Server] = uvicorn.Server, **config: Any) -> AsyncIterator[Any]:
+    """Run ``app`` under a real uvicorn server in this event loop on 127.0.0.1.
 
-    The bound port is ``server.port`` (an attribute we add). Startup is awaited on the
-    server's own ``started`` flag, and shutdown is forced if a test leaves work behind.
+    Yields the server; its port is ``server.port``. On exit the server is asked to
+    stop, and forced if it has not stopped within 5 s.
     """
     port = free_port()
     config.setdefault("log_level", "warning")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **config))
+    server = server_class(uvicorn.Config(app, host="127.0.0.1", port=port, **config))
     server.port = port  # type: ignore[attr-defined]
-    # uvicorn.Server.capture_signals only acts in the main thread; keep the test runner's handlers.
+    # Signals belong to the test runner, not to an in-process server.
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    done = anyio.Event()
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        finally:
+            done.set()
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve)
+        tg.start_soon(serve)
         with anyio.fail_after(10):
-            while not server.started:
+            while not server.started:  # uvicorn offers a flag, not an event
+                if done.is_set():
+                    raise RuntimeError("uvicorn failed to start")
                 await anyio.sleep(0.005)
         try:
             yield server
         finally:
             server.should_exit = True
-            with anyio.move_on_after(10) as scope:
-                while server.started and not getattr(server, "_exited", False):
-                    await anyio.sleep(0.01)
-                    if not tg.cancel_scope.cancel_called and scope.deadline - anyio.current_time() < 5:
-                        server.force_exit = True
+            with anyio.move_on_after(5):
+                await done.wait()
+            if not done.is_set():
+                server.force_exit = True
+                with anyio.move_on_after(5):
+                    await done.wait()
             tg.cancel_scope.cancel()
