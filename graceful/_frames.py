@@ -12,7 +12,9 @@ __all__ = ["FinalFrame", "default_final_frame", "shutdown_error"]
 FinalFrame = Callable[[bytes], "bytes | None"]
 
 
-def shutdown_error(message: str = "The server is shutting down; retry the request with the same idempotency key.") -> bytes:
+def shutdown_error(
+    message: str = "The server is shutting down; retry the request with the same idempotency key.",
+) -> bytes:
     return json.dumps(
         {"error": {"type": "server_shutdown", "message": message, "retryable": True, "code": 503}},
         separators=(",", ":"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -32,12 +31,16 @@ class GracefulCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         drain = self.drain
-        state = GaugeMetricFamily("graceful_state", "1 for the current drain state, 0 for the others.", labels=["state"])
+        state = GaugeMetricFamily(
+            "graceful_state", "1 for the current drain state, 0 for the others.", labels=["state"]
+        )
         for member in State:
             state.add_metric([member.value], 1.0 if drain.state is member else 0.0)
         yield state
         yield GaugeMetricFamily("graceful_in_flight", "Requests and jobs admitted and not finished.", drain.in_flight)
-        yield _counter("graceful_requests", "Finished requests by outcome.", "outcome", dict(zip(OUTCOMES, drain._outcomes)))
+        yield _counter(
+            "graceful_requests", "Finished requests by outcome.", "outcome", dict(zip(OUTCOMES, drain._outcomes))
+        )
         yield _counter("graceful_rejected", "Requests refused before the app saw them.", "reason", drain._rejected)
         yield _counter("graceful_drains", "Drains by result.", "result", drain._drains)
         yield _counter(
@@ -63,7 +66,8 @@ def _histogram(samples: list[float]) -> HistogramMetricFamily:
     )
 
 
-def register(drain: Drain, registry: Any = None) -> CollectorRegistry:
+def register(drain: Drain, registry: CollectorRegistry | None = None) -> CollectorRegistry:
+    """Expose ``drain`` on ``registry`` (the default registry if None)."""
     registry = REGISTRY if registry is None else registry
     old = _installed.get(registry)
     if old is not None:

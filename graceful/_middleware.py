@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from ._frames import FinalFrame, default_final_frame
 from ._http import Call, json_response, reject
 from ._state import Drain, State
@@ -55,7 +57,7 @@ class GracefulMiddleware:
         startup_path: str = "/startup",
         exempt_paths: Iterable[str] = (),
         metrics_path: str | None = None,
-        registry: Any = None,
+        registry: CollectorRegistry | None = None,
         retry_after: int = 1,
         max_in_flight: int | None = None,
         reject_over: int | None = None,
@@ -98,14 +100,13 @@ class GracefulMiddleware:
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-"
         self._asyncio: bool | None = None
+        self.admin_server: Any = None  # the AdminServer, once lifespan startup has run
 
         from ._metrics import register
 
         self.registry = register(drain, registry)
         # One dict lookup per request decides whether a path is special; None means "pass to the app".
-        self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = {
-            path: None for path in exempt_paths
-        }
+        self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = {path: None for path in exempt_paths}
         if metrics_path:
             self._special[metrics_path] = self._metrics
         self._special[ready_path] = self._ready
@@ -120,7 +121,8 @@ class GracefulMiddleware:
                 handler = self._special[path]
                 if handler is None:
                     return await self.app(scope, receive, send)
-                return await handler(scope, receive, send)
+                await handler(scope, receive, send)
+                return
             drain = self.drain
             if drain._state is not SERVING and not drain.admits(scope.get("client")):
                 return await self._refuse(scope, send, _REFUSAL[drain._state])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,7 +18,7 @@ from typing import Literal, Protocol
 
 import anyio
 
-from ._budget import Budget, ConfigError
+from ._budget import Budget, parse_duration
 
 __all__ = ["Drain", "DrainResult", "DrainStatus", "NotAccepting", "State"]
 
@@ -147,8 +146,8 @@ class Drain:
         self.admit_during_propagation = admit_during_propagation
         self.on_drain_start = on_drain_start
         self.on_drained = on_drained
-        self._hook_timeout = _duration(hook_timeout, "hook_timeout")
-        self._unwind_timeout = _duration(unwind_timeout, "unwind_timeout")
+        self._hook_timeout = parse_duration(hook_timeout, name="hook_timeout")
+        self._unwind_timeout = parse_duration(unwind_timeout, name="unwind_timeout")
 
         self._state = State.STARTING
         self._since = time.time()
@@ -170,6 +169,7 @@ class Drain:
         self._drain_mono = 0.0
         self._prop_end = 0.0
         self._deadline = 0.0
+        self._epoch = 0
         self._leader = False
         self._done: anyio.Event | None = None
         self._result: DrainResult | None = None
@@ -259,13 +259,17 @@ class Drain:
         Idempotent: a call during a drain joins it and changes neither its clock nor
         its deadline. The first caller's ``propagation_wait`` and ``timeout`` apply.
         """
-        wait = self.budget.propagation_wait if propagation_wait is None else _duration(propagation_wait, "propagation_wait")
+        # Parse first: bad input must leave the state untouched.
+        wait = self.budget.propagation_wait
+        if propagation_wait is not None:
+            wait = parse_duration(propagation_wait, name="propagation_wait")
         limit = self.budget.limit
         if timeout is not None:
-            limit = min(limit, _duration(timeout, "timeout"))
+            limit = min(limit, parse_duration(timeout, name="timeout"))
         if self._state is State.DRAINING or self._state is State.STOPPED:
             return False
         now = time.monotonic()
+        self._epoch += 1
         self._reason = reason
         self._drain_mono = now
         self._drain_wall = time.time()
@@ -341,7 +345,7 @@ class Drain:
         """
         if self._state is not State.SERVING:
             raise NotAccepting(f"not accepting {name!r}: state is {self._state.value}; take no new work")
-        job = _Job(name)
+        job = _Job(self, name)
         self._in_flight += 1
         self._live[job] = None
         outcome = ERROR
@@ -396,6 +400,7 @@ class Drain:
         return self._result
 
     async def _run(self, done: anyio.Event) -> None:
+        epoch = self._epoch
         start = self._drain_mono
         deadline = self._deadline
         truncated = 0
@@ -404,7 +409,7 @@ class Drain:
         try:
             await self._call_hook(self.on_drain_start, "on_drain_start", deadline - time.monotonic())
             while True:
-                if self._state is not State.DRAINING:
+                if self._state is not State.DRAINING or self._epoch != epoch:
                     outcome: DrainOutcome = "resumed" if self._state is State.SERVING else "stopped"
                     left = self._in_flight
                     if outcome == "stopped" and left == 0:
@@ -504,24 +509,17 @@ class Drain:
 class _Job:
     """A tracked non-HTTP unit of work; the deadline cancels its scope."""
 
-    __slots__ = ("name", "scope", "started")
+    __slots__ = ("drain", "name", "scope", "started")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, drain: Drain, name: str) -> None:
+        self.drain = drain
         self.name = name
         self.scope = anyio.CancelScope()
         self.started = time.monotonic()
 
     async def expire(self) -> None:
+        self.drain.count_truncated("deadline")
         self.scope.cancel()
 
     def describe(self) -> str:
         return f"job {self.name} ({time.monotonic() - self.started:.1f}s)"
-
-
-def _duration(value: float | str, name: str) -> float:
-    from ._budget import parse_duration
-
-    seconds = parse_duration(value, name=name)
-    if not math.isfinite(seconds):  # pragma: no cover - parse_duration already refuses
-        raise ConfigError(f"{name}: {value!r} is not finite")
-    return seconds

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from graceful import Budget, ConfigError, Drain, parse_duration
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("10s", 10.0),
+        ("1.5s", 1.5),
+        ("500ms", 0.5),
+        ("2m", 120.0),
+        ("1m30s", 90.0),
+        ("1h", 3600.0),
+        ("7", 7.0),
+        ("0.25", 0.25),
+        (" 3S ", 3.0),
+        (3, 3.0),
+        (2.5, 2.5),
+        ("0", 0.0),
+    ],
+)
+def test_parse_duration_accepts(text: str | float, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["10x", "", "abc", "s", "1s2", "10 s", "1.2.3s", "nan", "inf", "-1", "-5s", "1m-30s"])
+def test_parse_duration_refuses_with_the_value_named(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration(text, name="--timeout")
+    message = str(info.value)
+    assert "--timeout" in message
+    assert repr(text) in message
+
+
+def test_parse_duration_refuses_bool() -> None:
+    with pytest.raises(ConfigError, match="True"):
+        parse_duration(True)
+
+
+def test_budget_defaults_follow_the_reserve_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRACEFUL_GRACE_PERIOD", raising=False)
+    default = Budget.resolve()
+    assert default.grace_period == 30.0
+    assert default.reserve == 10.0  # 30% of 30 s is 9 s, but at least 10 s
+    assert default.limit == 20.0
+    long = Budget.resolve(grace_period=120)
+    assert long.reserve == pytest.approx(36.0)
+    assert long.limit == pytest.approx(84.0)
+    # A short grace period still leaves half of itself to drain.
+    assert Budget.resolve(grace_period="8s").limit == pytest.approx(4.0)
+
+
+def test_budget_limit_is_min_of_timeout_and_room() -> None:
+    assert Budget.resolve(grace_period=120, reserve=20, drain_timeout="80s").limit == 80.0
+    assert Budget.resolve(grace_period=60, reserve=20, drain_timeout="80s").limit == 40.0
+
+
+def test_budget_reads_grace_period_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRACEFUL_GRACE_PERIOD", "2m")
+    assert Budget.resolve().grace_period == 120.0
+    monkeypatch.setenv("GRACEFUL_GRACE_PERIOD", "soon")
+    with pytest.raises(ConfigError, match="GRACEFUL_GRACE_PERIOD"):
+        Budget.resolve()
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"grace_period": 30, "reserve": 30}, "reserve"),
+        ({"grace_period": 30, "reserve": "45s"}, "reserve"),
+        ({"grace_period": 0}, "grace_period"),
+        ({"grace_period": "-1"}, "negative"),
+        ({"drain_timeout": "forever"}, "drain_timeout"),
+        ({"propagation_wait": "-2s"}, "propagation_wait"),
+    ],
+)
+def test_budget_refuses_invalid_values(options: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        Budget.resolve(**options)  # type: ignore[arg-type]
+
+
+def test_propagation_wait_that_does_not_fit_is_warned_with_arithmetic(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="graceful"):
+        Drain(grace_period=30, reserve=10, propagation_wait="25s")
+    [record] = [r for r in caplog.records if "propagation_wait" in r.getMessage()]
+    assert "25s" in record.getMessage() and "30s" in record.getMessage() and "20s" in record.getMessage()
+
+
+def test_fitting_budget_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="graceful"):
+        Drain(grace_period=30, reserve=10, propagation_wait="10s")
+    assert not caplog.records

@@ -1,0 +1,263 @@
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+import pytest
+
+from graceful import ConfigError, Drain, DrainResult, NotAccepting, State
+
+pytestmark = pytest.mark.anyio
+
+
+def serving(**options: object) -> Drain:
+    options.setdefault("grace_period", 30)
+    options.setdefault("reserve", 5)
+    drain = Drain(**options)  # type: ignore[arg-type]
+    drain.mark_serving()
+    return drain
+
+
+def test_states_move_forward_and_stopped_is_final() -> None:
+    drain = Drain()
+    assert drain.state is State.STARTING
+    assert not drain.accepting
+    drain.mark_serving()
+    assert drain.state is State.SERVING and drain.accepting
+    assert drain.begin_drain("test") is True
+    assert drain.state is State.DRAINING and not drain.accepting
+    assert drain.resume() is True
+    assert drain.state is State.SERVING
+    drain.mark_stopped()
+    assert drain.state is State.STOPPED
+    assert drain.begin_drain("again") is False
+    assert drain.resume() is False
+    drain.mark_serving()
+    assert drain.state is State.STOPPED
+
+
+def test_resume_only_from_draining() -> None:
+    drain = Drain()
+    assert drain.resume() is False
+    assert drain.state is State.STARTING
+
+
+def test_second_begin_drain_joins_without_resetting_the_clock() -> None:
+    drain = serving()
+    assert drain.begin_drain("preStop", propagation_wait=10, timeout=20)
+    first = drain.status()
+    assert not drain.begin_drain("SIGTERM", propagation_wait=0, timeout=1)
+    second = drain.status()
+    assert second.drain_started == first.drain_started
+    assert second.deadline == first.deadline
+    assert second.propagation_until == first.propagation_until
+    assert first.deadline is not None and first.drain_started is not None
+    assert first.deadline - first.drain_started == pytest.approx(20, abs=0.01)
+
+
+def test_bad_duration_leaves_state_untouched() -> None:
+    drain = serving()
+    with pytest.raises(ConfigError, match="'ten'"):
+        drain.begin_drain("x", timeout="ten")
+    assert drain.state is State.SERVING
+
+
+def test_transitions_are_logged_with_reason_count_and_elapsed(caplog: pytest.LogCaptureFixture) -> None:
+    drain = serving()
+    with caplog.at_level(logging.INFO, logger="graceful"):
+        drain.begin_drain("preStop")
+    [message] = [r.getMessage() for r in caplog.records]
+    assert "SERVING -> DRAINING" in message
+    assert "reason=preStop" in message and "in_flight=0" in message and "elapsed=" in message
+    assert "T" in message.split(" at ")[1]  # an ISO timestamp
+
+
+async def test_drain_returns_the_moment_the_last_job_ends() -> None:
+    drain = serving()
+    release = anyio.Event()
+    ended_at = 0.0
+
+    async def job() -> None:
+        nonlocal ended_at
+        async with drain.track("batch"):
+            await release.wait()
+        ended_at = time.monotonic()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(job)
+        await anyio.wait_all_tasks_blocked()
+        assert drain.in_flight == 1
+
+        async def let_go() -> None:
+            await anyio.wait_all_tasks_blocked()
+            release.set()
+
+        tg.start_soon(let_go)
+        result = await drain.drain(timeout=10)
+    assert result.result == "drained" and result.drained
+    assert result.in_flight == 0
+    assert time.monotonic() - ended_at < 0.05
+    assert drain.in_flight == 0
+    assert drain.counters()["requests"]["completed"] == 1
+    assert drain.counters()["drains"] == {"drained": 1}
+
+
+async def test_drain_honours_the_propagation_wait_when_idle() -> None:
+    drain = serving()
+    started = time.monotonic()
+    result = await drain.drain(propagation_wait=0.2, timeout=5)
+    assert result.drained
+    assert time.monotonic() - started >= 0.2
+
+
+async def test_drain_deadline_cancels_stuck_work_and_reports_it() -> None:
+    drain = serving()
+    cancelled = anyio.Event()
+
+    async def stuck() -> None:
+        async with drain.track("stuck-job"):
+            try:
+                await anyio.sleep_forever()
+            finally:
+                cancelled.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stuck)
+        await anyio.wait_all_tasks_blocked()
+        result = await drain.drain(timeout=0.1)
+    assert result.result == "timeout" and not result.drained
+    assert result.in_flight == 1
+    assert result.truncated == 1
+    assert result.leftover[0].startswith("job stuck-job")
+    assert cancelled.is_set()
+    assert drain.in_flight == 0
+    assert drain.counters()["requests"]["cancelled"] == 1
+    assert drain.counters()["truncated"] == {"deadline": 1}
+    assert drain.counters()["drains"] == {"timeout": 1}
+
+
+async def test_concurrent_drains_join_one_drain() -> None:
+    drain = serving()
+    release = anyio.Event()
+    results: list[DrainResult] = []
+
+    async def job() -> None:
+        async with drain.track():
+            await release.wait()
+
+    async def waiter() -> None:
+        results.append(await drain.drain(timeout=10))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(job)
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(5):
+            tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        assert results == []
+        release.set()
+    assert len(results) == 5
+    assert all(r is results[0] for r in results)
+    assert drain.counters()["drains"] == {"drained": 1}
+
+
+async def test_resume_ends_a_running_drain_as_resumed() -> None:
+    drain = serving()
+    release = anyio.Event()
+    results: list[DrainResult] = []
+
+    async def job() -> None:
+        async with drain.track():
+            await release.wait()
+
+    async def waiter() -> None:
+        results.append(await drain.drain(timeout=10))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(job)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        assert drain.resume()
+        await anyio.wait_all_tasks_blocked()
+        assert results[0].result == "resumed"
+        assert drain.accepting
+        release.set()
+    # A later drain starts afresh.
+    again = await drain.drain(timeout=1)
+    assert again.result == "drained"
+
+
+async def test_track_refuses_when_not_accepting() -> None:
+    drain = serving()
+    drain.begin_drain("test")
+    with pytest.raises(NotAccepting, match="DRAINING"):
+        async with drain.track("late"):
+            pass  # pragma: no cover
+    assert drain.in_flight == 0
+
+
+async def test_track_counts_errors() -> None:
+    drain = serving()
+    with pytest.raises(ZeroDivisionError):
+        async with drain.track():
+            1 / 0  # noqa: B018
+    assert drain.counters()["requests"]["error"] == 1
+    assert drain.in_flight == 0
+
+
+async def test_hooks_run_inside_the_budget_and_overruns_are_cut(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[str] = []
+
+    async def on_start() -> None:
+        calls.append("start")
+        await anyio.sleep_forever()
+
+    async def on_drained() -> None:
+        calls.append("drained")
+
+    drain = serving(on_drain_start=on_start, on_drained=on_drained)
+    with caplog.at_level(logging.INFO, logger="graceful"):
+        result = await drain.drain(timeout=0.2)
+    assert calls == ["start", "drained"]
+    assert result.duration < 1
+    assert any("on_drain_start hook overran" in r.getMessage() for r in caplog.records)
+    assert any(r.getMessage().startswith("drain ") for r in caplog.records)  # the summary line
+
+
+async def test_failing_hook_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    async def boom() -> None:
+        raise RuntimeError("deregister failed")
+
+    drain = serving(on_drained=boom)
+    with caplog.at_level(logging.ERROR, logger="graceful"):
+        result = await drain.drain(timeout=1)
+    assert result.drained
+    assert any("on_drained hook failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_stop_during_drain_ends_it() -> None:
+    drain = serving()
+    results: list[DrainResult] = []
+
+    async def waiter() -> None:
+        results.append(await drain.drain(propagation_wait=30, timeout=60))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        drain.mark_stopped()
+    assert results[0].result == "drained"
+    assert (await drain.drain()).result == "drained"
+
+
+def test_status_snapshot() -> None:
+    drain = serving()
+    status = drain.status().as_dict()
+    assert status["state"] == "SERVING" and status["drain_started"] is None
+    drain.begin_drain("x", timeout=5)
+    status = drain.status().as_dict()
+    assert status["state"] == "DRAINING"
+    assert isinstance(status["deadline"], float) and isinstance(status["drain_started"], float)
+    assert status["deadline"] - status["drain_started"] == pytest.approx(5, abs=0.01)
