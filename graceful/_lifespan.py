@@ -32,6 +32,8 @@ async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send:
             if message["type"] == "lifespan.startup":
                 startup_seen = True
                 await _start_admin(mw, tg)
+                if mw.mirror is not None:
+                    tg.start_soon(_mirror_loop, mw)
             return message
 
         async def wrapped_send(message: Message) -> None:
@@ -67,6 +69,12 @@ async def _own_lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+async def _mirror_loop(mw: GracefulMiddleware) -> None:
+    while True:
+        await anyio.sleep(1.0)
+        mw.mirror.sync()
 
 
 async def _start_admin(mw: GracefulMiddleware, tg: TaskGroup) -> None:

@@ -7,6 +7,7 @@ label lookup for metrics.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from ._state import OUTCOMES, Drain, State
 
-__all__ = ["GracefulCollector", "register"]
+__all__ = ["GracefulCollector", "MultiprocessMirror", "multiprocess_dir", "register", "render"]
 
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -78,3 +79,80 @@ def register(drain: Drain, registry: CollectorRegistry | None = None) -> Collect
     registry.register(collector)
     _installed[registry] = collector
     return registry
+
+
+def multiprocess_dir() -> str | None:
+    """prometheus-client's multi-process mode is on when this variable names a directory."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
+
+
+def render(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The exposition page: across all workers in multi-process mode, else from ``registry``."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    if multiprocess_dir():
+        from prometheus_client import multiprocess
+
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)
+        registry = merged
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class MultiprocessMirror:
+    """Copies a Drain's plain counters into prometheus-client's shared files.
+
+    In multi-process mode (``PROMETHEUS_MULTIPROC_DIR``) each worker's collector is
+    invisible to a scrape served by another worker, so the values must go through the
+    shared files. The hot path still bumps plain ints; this mirror pushes them once a
+    second and at every state change. Gauges use ``livesum``: ``graceful_in_flight`` is
+    the sum over live workers and ``graceful_state{state=...}`` counts the workers in
+    each state. Counters and the histogram add up across workers, dead ones included.
+    """
+
+    def __init__(self, drain: Drain) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.drain = drain
+        self.state = Gauge(
+            "graceful_state", "Workers in each drain state.", ["state"], registry=None, multiprocess_mode="livesum"
+        )
+        self.in_flight = Gauge(
+            "graceful_in_flight",
+            "Requests and jobs admitted and not finished.",
+            registry=None,
+            multiprocess_mode="livesum",
+        )
+        self.counters = {
+            "requests": Counter("graceful_requests", "Finished requests by outcome.", ["outcome"], registry=None),
+            "rejected": Counter(
+                "graceful_rejected", "Requests refused before the app saw them.", ["reason"], registry=None
+            ),
+            "drains": Counter("graceful_drains", "Drains by result.", ["result"], registry=None),
+            "truncated": Counter(
+                "graceful_truncated_streams", "Responses ended early by the drain deadline.", ["reason"], registry=None
+            ),
+        }
+        self.durations = Histogram(
+            "graceful_drain_duration_seconds", "How long drains took.", registry=None, buckets=DURATION_BUCKETS
+        )
+        self._pushed: dict[tuple[str, str], int] = {}
+        self._durations_pushed = 0
+        drain.add_listener(self.sync)
+        self.sync()
+
+    def sync(self) -> None:
+        drain = self.drain
+        for member in State:
+            self.state.labels(member.value).set(1.0 if drain.state is member else 0.0)
+        self.in_flight.set(drain.in_flight)
+        for group, values in drain.counters().items():
+            counter = self.counters[group]
+            for label, value in values.items():
+                delta = value - self._pushed.get((group, label), 0)
+                if delta:
+                    counter.labels(label).inc(delta)
+                    self._pushed[(group, label)] = value
+        for duration in drain.drain_durations[self._durations_pushed :]:
+            self.durations.observe(duration)
+        self._durations_pushed = len(drain.drain_durations)

@@ -101,10 +101,13 @@ class GracefulMiddleware:
         self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-"
         self._asyncio: bool | None = None
         self.admin_server: Any = None  # the AdminServer, once lifespan startup has run
+        self.mirror: Any = None  # a MultiprocessMirror, in prometheus-client's multi-process mode
 
-        from ._metrics import register
+        from ._metrics import MultiprocessMirror, multiprocess_dir, register
 
         self.registry = register(drain, registry)
+        if multiprocess_dir():
+            self.mirror = MultiprocessMirror(drain)
         # One dict lookup per request decides whether a path is special; None means "pass to the app".
         self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = {path: None for path in exempt_paths}
         if metrics_path:
@@ -176,14 +179,16 @@ class GracefulMiddleware:
         await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from ._metrics import render
 
-        body = generate_latest(self.registry)
+        if self.mirror is not None:
+            self.mirror.sync()
+        body, content_type = render(self.registry)
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", b"%d" % len(body))],
+                "headers": [(b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body))],
             }
         )
         await send({"type": "http.response.body", "body": body})
