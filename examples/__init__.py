@@ -1,0 +1,1 @@
+"""Runnable examples for graceful: an OpenAI-compatible inference server and Kubernetes manifests."""

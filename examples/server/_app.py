@@ -1,0 +1,226 @@
+"""The example server: Starlette routes over the simulated engine, wrapped in GracefulMiddleware."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from graceful import GracefulMiddleware
+
+from ._config import Config, drain_options_from_env, served_by
+from ._engine import Engine, EngineCollector, QueueFull, Ticket, selftest_loop
+from ._idempotency import IdempotencyStore, Stored
+from ._openai import DONE, Invalid, Job, Kind, chunk, error_body, full_body, parse
+
+__all__ = ["EXECUTIONS_PATH", "ExampleServer", "create_app"]
+
+logger = logging.getLogger("graceful.example")
+
+EXECUTIONS_PATH = "/debug/executions"
+SSE = "text/event-stream"
+
+
+class ExampleServer(GracefulMiddleware):
+    """GracefulMiddleware that also stamps ``X-Served-By`` on every response, its own 503s and probes included.
+
+    It stays a ``GracefulMiddleware``, so ``graceful run`` sees it is wrapped already.
+    """
+
+    engine: Engine
+    store: IdempotencyStore
+    config: Config
+    served_by: str
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        header = (b"x-served-by", self.served_by.encode())
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        await super().__call__(scope, receive, stamped)
+
+
+def create_app(
+    config: Config | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> ExampleServer:
+    """Build the example server; ``options`` go to GracefulMiddleware (``admin``, ``grace_period``, ...).
+
+    With ``config=None`` the settings and drain options come from the environment.
+    """
+    if config is None:
+        config = Config.from_env()
+        options = {**drain_options_from_env(), **options}
+        # Match the launcher's --socket-dir (it exports it) so it sees no conflicting setting.
+        options.setdefault("socket_dir", os.environ.get("GRACEFUL_SOCKET_DIR") or None)
+    engine = Engine(slots=config.slots, queue_size=config.queue_size, tokens_per_second=config.tokens_per_second)
+    store = IdempotencyStore(config.idempotency_keys)
+    registry = CollectorRegistry() if registry is None else registry
+    registry.register(EngineCollector(engine, config.model))
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load_model)
+            if config.selftest_interval > 0:
+                tg.start_soon(selftest_loop, app.drain, engine, config.selftest_interval)
+            yield
+            tg.cancel_scope.cancel()
+
+    async def load_model() -> None:
+        # In the background, so the port is open and /startup answers 503 while weights load.
+        logger.info("loading model %r: %.1fs", config.model, config.load_delay)
+        await anyio.sleep(config.load_delay)
+        app.drain.mark_serving()
+
+    handlers = _Handlers(config, engine, store)
+    inner = Starlette(
+        routes=[
+            Route("/v1/completions", handlers.completions, methods=["POST"]),
+            Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
+            Route("/v1/models", handlers.models, methods=["GET"]),
+            Route(EXECUTIONS_PATH, handlers.executions, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    options.setdefault("exempt_paths", (EXECUTIONS_PATH,))
+    app = ExampleServer(inner, ready_on_startup=False, metrics_path="/metrics", registry=registry, **options)
+    app.engine = engine
+    app.store = store
+    app.config = config
+    app.served_by = name or served_by()
+    return app
+
+
+class _Handlers:
+    def __init__(self, config: Config, engine: Engine, store: IdempotencyStore) -> None:
+        self.config = config
+        self.engine = engine
+        self.store = store
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.config.model, "object": "model", "created": 0, "owned_by": "graceful-example"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def executions(self, request: Request) -> Response:
+        return JSONResponse(self.store.executions())
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completion")
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: Request, kind: Kind) -> Response:
+        config = self.config
+        try:
+            job = parse(
+                await request.body(), kind, default_max_tokens=config.default_max_tokens, max_tokens=config.max_tokens
+            )
+        except Invalid as exc:
+            return _error(400, str(exc), "invalid_request_error", exc.param)
+        key = request.headers.get("idempotency-key")
+        if key is not None:
+            stored = self.store.lookup(key)
+            if stored is not None:
+                return Response(
+                    b"".join(stored.chunks), stored.status, {"x-idempotent-replay": "true"}, stored.media_type
+                )
+            if self.store.running(key):
+                message = f"A request with Idempotency-Key {key!r} is still running; retry later to get its result."
+                return _error(409, message, "idempotency_key_in_use", "Idempotency-Key")
+        try:
+            ticket = self.engine.admit()
+        except QueueFull as exc:
+            headers = {"retry-after": "1", "x-graceful-not-started": "1"}
+            return _error(503, f"{exc}; retry the request.", "server_overloaded", None, headers)
+        if key is not None:
+            self.store.start(key)
+        if job.stream:
+            return _Stream(self, job, ticket, key)
+        done = False
+        try:
+            async with ticket:
+                async for _ in self.engine.tokens(job.max_tokens):
+                    pass
+            done = True
+        finally:
+            ticket.release()
+            if key is not None and not done:
+                self.store.abandon(key)
+        body = full_body(job, config.model)
+        if key is not None:
+            self.store.finish(key, Stored(200, "application/json", [body]))
+        return Response(body, media_type="application/json")
+
+
+class _Stream(Response):
+    """SSE, one event per token then ``[DONE]``; the slot and the key are settled however it ends.
+
+    Starlette's StreamingResponse never runs a generator that it did not start, so a
+    client that leaves early would leak the slot; this response owns the whole call.
+    """
+
+    media_type = SSE
+
+    def __init__(self, handlers: _Handlers, job: Job, ticket: Ticket, key: str | None) -> None:
+        super().__init__(headers={"cache-control": "no-cache", "x-accel-buffering": "no"}, media_type=SSE)
+        del self.headers["content-length"]
+        self.handlers = handlers
+        self.job = job
+        self.ticket = ticket
+        self.key = key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handlers = self.handlers
+        chunks: list[bytes] = []
+        done = False
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    # uvicorn's send() is silent once the client is gone; only receive() tells.
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+                async with self.ticket:
+                    async for index in handlers.engine.tokens(self.job.max_tokens):
+                        data = chunk(self.job, handlers.config.model, index)
+                        chunks.append(data)
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                chunks.append(DONE)
+                await send({"type": "http.response.body", "body": DONE, "more_body": False})
+                done = True
+                tg.cancel_scope.cancel()
+        finally:
+            self.ticket.release()
+            if self.key is not None:
+                if done:
+                    handlers.store.finish(self.key, Stored(200, SSE, chunks))
+                else:
+                    handlers.store.abandon(self.key)
+
+
+def _error(status: int, message: str, type: str, param: str | None, headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(message, type=type, param=param), status, headers, "application/json")

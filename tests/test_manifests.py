@@ -1,0 +1,212 @@
+"""The Kubernetes manifests in examples/kubernetes: budgets add up, probes hit real paths, hooks parse."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+import pytest
+import yaml  # type: ignore[import-untyped]
+
+from examples.server import Config, create_app
+from graceful import Budget, GracefulMiddleware, parse_duration
+
+pytestmark = pytest.mark.anyio
+
+MANIFESTS = sorted((Path(__file__).parent.parent / "examples" / "kubernetes").glob("*.yaml"))
+EXAMPLE_APP = "examples.server:app"
+PROBES = {"startupProbe": "startup_path", "readinessProbe": "ready_path", "livenessProbe": "live_path"}
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def pod_specs(node: object) -> Iterator[dict[str, Any]]:
+    """Every pod spec in a document, wherever the workload kind nests it."""
+    if isinstance(node, dict):
+        if isinstance(node.get("containers"), list):
+            yield node
+        for value in node.values():
+            yield from pod_specs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from pod_specs(item)
+
+
+def containers() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    for path in MANIFESTS:
+        for doc in load(path):
+            for spec in pod_specs(doc):
+                for container in spec["containers"]:
+                    yield path.name, spec, container
+
+
+def argv(container: dict[str, Any]) -> list[str]:
+    return [str(a) for a in (*container.get("command", ()), *container.get("args", ()))]
+
+
+def option(args: list[str], name: str) -> str | None:
+    for index, arg in enumerate(args):
+        if arg == name and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def prestop(container: dict[str, Any]) -> list[str]:
+    return [str(a) for a in container["lifecycle"]["preStop"]["exec"]["command"]]
+
+
+def graceful_cli() -> Any:
+    return pytest.importorskip("graceful.cli", reason="graceful.cli (the launcher issue) is not importable yet")
+
+
+def drain_params(command: list[str]) -> dict[str, Any]:
+    assert Path(command[0]).name == "graceful" and command[1] == "drain", f"not a graceful drain: {command}"
+    cli = graceful_cli()
+    with cli.drain_command.make_context("drain", command[2:]) as ctx:  # raises on an option that does not parse
+        return dict(ctx.params)
+
+
+def env(container: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: str(item.get("value", "")) for item in container.get("env", ())}
+
+
+ALL = list(containers())
+
+
+def test_every_manifest_parses_and_is_found() -> None:
+    names = {path.name for path in MANIFESTS}
+    assert names >= {
+        "deployment.yaml",
+        "service.yaml",
+        "pdb.yaml",
+        "vllm.yaml",
+        "kthena-modelserving.yaml",
+        "kthena-modelserving-pd.yaml",
+    }
+    kinds = {doc["kind"] for path in MANIFESTS for doc in load(path)}
+    assert kinds == {"Deployment", "Service", "PodDisruptionBudget", "ModelServing"}
+    for path in MANIFESTS:
+        for doc in load(path):
+            if doc["kind"] == "ModelServing":
+                assert doc["apiVersion"] == "workload.serving.volcano.sh/v1alpha1"
+    assert len(ALL) == 5  # example server, vLLM, kthena aggregated, kthena prefill and decode
+
+
+@pytest.mark.parametrize(("name", "spec", "container"), ALL, ids=[f"{n}:{c['name']}" for n, _, c in ALL])
+def test_grace_period_covers_propagation_drain_and_reserve(
+    name: str, spec: dict[str, Any], container: dict[str, Any]
+) -> None:
+    grace = parse_duration(spec["terminationGracePeriodSeconds"])
+    assert env(container)["GRACEFUL_GRACE_PERIOD"] == str(spec["terminationGracePeriodSeconds"])
+    params = drain_params(prestop(container))
+    assert params["timeout"] is not None, f"{name}: the preStop drain needs an explicit --timeout"
+    reserve_env = env(container).get("GRACEFUL_EXAMPLE_RESERVE")
+    budget = Budget.resolve(grace_period=grace, reserve=reserve_env, drain_timeout=params["timeout"])
+    wait = params["propagation_wait"] or 0.0
+    kv_buffer = params.get("kv_buffer") or 0.0
+    needed = wait + params["timeout"] + kv_buffer + budget.reserve
+    assert needed <= grace, f"{name}: {wait} + {params['timeout']} + {kv_buffer} + {budget.reserve} > {grace}"
+    if params.get("engine"):
+        # Engine mode waits min(--timeout, 70% of --grace-period): the hook must fit in it.
+        assert parse_duration(params["grace_period"]) == grace
+        assert wait + params["timeout"] + kv_buffer <= 0.7 * grace
+        assert kv_buffer <= 30
+    else:
+        # The server's own deadline (SIGTERM without the hook) matches the hook's.
+        assert parse_duration(env(container)["GRACEFUL_EXAMPLE_DRAIN_TIMEOUT"]) == params["timeout"]
+        assert parse_duration(env(container)["GRACEFUL_EXAMPLE_PROPAGATION_WAIT"]) == wait
+
+
+def test_prefill_holds_a_kv_buffer_and_decode_does_not() -> None:
+    doc = load(next(p for p in MANIFESTS if p.name == "kthena-modelserving-pd.yaml"))[0]
+    roles = {role["name"]: role for role in doc["spec"]["template"]["roles"]}
+    buffers = {
+        name: drain_params(prestop(role["entryTemplate"]["spec"]["containers"][0]))["kv_buffer"]
+        for name, role in roles.items()
+    }
+    assert buffers["prefill"] > 0
+    assert not buffers["decode"]
+
+
+def served_port(container: dict[str, Any]) -> int:
+    port = option(argv(container), "--port")
+    return int(port) if port is not None else 8000  # graceful run's and vLLM's default
+
+
+def probe_port(container: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    named = {p["name"]: p["containerPort"] for p in container.get("ports", ()) if "name" in p}
+    assert port in named, f"probe port {port!r} is not a named container port"
+    return int(named[port])
+
+
+@pytest.mark.parametrize(("name", "spec", "container"), ALL, ids=[f"{n}:{c['name']}" for n, _, c in ALL])
+def test_probe_ports_match_the_served_port(name: str, spec: dict[str, Any], container: dict[str, Any]) -> None:
+    probes = [container[key] for key in PROBES if key in container]
+    assert probes, f"{name}: no probes"
+    for probe in probes:
+        assert probe_port(container, probe["httpGet"]["port"]) == served_port(container)
+
+
+async def test_example_probes_use_paths_the_server_serves() -> None:
+    defaults = inspect.signature(GracefulMiddleware.__init__).parameters
+    deployment = [c for n, _, c in ALL if EXAMPLE_APP in argv(c)]
+    assert len(deployment) == 1
+    container = deployment[0]
+    app = create_app(Config(load_delay=0.0), admin=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pod") as http:
+        for key, parameter in PROBES.items():
+            path = container[key]["httpGet"]["path"]
+            assert path == defaults[parameter].default
+        app.drain.mark_serving()
+        for key in PROBES:
+            # Answered by the middleware with its probe body; any other path reaches the app.
+            response = await http.get(container[key]["httpGet"]["path"])
+            assert response.status_code == 200
+            assert response.json()["state"] == "SERVING"
+        assert (await http.get("/not-a-probe")).status_code == 404
+
+
+def test_server_command_is_a_graceful_run_that_parses() -> None:
+    cli = graceful_cli()
+    (container,) = [c for _, _, c in ALL if EXAMPLE_APP in argv(c)]
+    args = argv(container)
+    assert args[:2] == ["graceful", "run"]
+    run = cli.cli.commands["run"]
+    with run.make_context("run", args[2:]) as ctx:
+        assert ctx.params["app"] == EXAMPLE_APP
+        assert ctx.params["port"] == container["ports"][0]["containerPort"]
+
+
+def test_a_bad_prestop_option_would_be_caught() -> None:
+    graceful_cli()
+    with pytest.raises(click.UsageError):
+        drain_params(["graceful", "drain", "--propagation-wait=10 seconds"])
+    with pytest.raises(click.UsageError):
+        drain_params(["graceful", "drain", "--no-such-option"])
+
+
+def test_rollout_strategy_and_spread() -> None:
+    (deployment,) = [d for d in load(MANIFESTS[[p.name for p in MANIFESTS].index("deployment.yaml")])]
+    strategy = deployment["spec"]["strategy"]["rollingUpdate"]
+    assert (strategy["maxSurge"], strategy["maxUnavailable"]) == (1, 0)
+    anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    terms = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for path in ("service.yaml", "pdb.yaml"):
+        (doc,) = load(MANIFESTS[[p.name for p in MANIFESTS].index(path)])
+        selector = doc["spec"]["selector"]
+        selector = selector.get("matchLabels", selector)
+        assert selector.items() <= labels.items()
+    (pdb,) = load(MANIFESTS[[p.name for p in MANIFESTS].index("pdb.yaml")])
+    assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
