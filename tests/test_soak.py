@@ -1,0 +1,350 @@
+"""``graceful soak``: each end reason produced for real on 127.0.0.1 and classified right."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from click.testing import CliRunner
+
+from graceful._budget import ConfigError
+from graceful._soak import SoakConfig, endpoint, parse_weights, run_soak, soak_command
+from graceful._soak_report import RequestRecord, SoakReport
+from tests.apps_openai import (
+    Mode,
+    OpenAIApp,
+    close_without_answer,
+    headers_then_cut,
+    keepalive_then_close,
+    raw_http_server,
+)
+from tests.utils import free_port, run_uvicorn
+
+pytestmark = pytest.mark.anyio
+
+SMALL = {"short": 4, "long": 16, "stream": 8}
+
+
+def config(port: int, **overrides: Any) -> SoakConfig:
+    settings: dict[str, Any] = {
+        "url": f"http://127.0.0.1:{port}",
+        "duration": 5.0,
+        "concurrency": 2,
+        "lengths": SMALL,
+        "timeout": 5.0,
+        "max_requests": 6,
+        "seed": 1,
+        "retry_base": 0.01,
+    }
+    settings.update(overrides)
+    return SoakConfig(**settings)
+
+
+def only(cls: str) -> dict[str, int]:
+    return {cls: 1}
+
+
+def reasons(report: SoakReport) -> dict[str, int]:
+    return {reason: count for reason, count in report.by_reason().items() if count}
+
+
+async def test_all_classes_complete_and_are_recorded() -> None:
+    """1. short, long and stream requests against a healthy server 2. every one ends ok with all its tokens."""
+    app = OpenAIApp(served_by="replica-a")
+    seen: list[RequestRecord] = []
+    async with run_uvicorn(app) as server:
+        report = await run_soak(config(server.port, max_requests=30, concurrency=4), on_record=seen.append)
+    assert reasons(report) == {"ok": 30}
+    assert len(seen) == 30 and {r.cls for r in seen} == {"short", "long", "stream"}
+    assert all(r.tokens == r.expected_tokens == SMALL[r.cls] for r in report.records)
+    assert all(r.served_by == "replica-a" and r.attempts == 1 and r.bytes > 0 for r in report.records)
+    assert sorted(app.request_ids) == sorted(r.request_id for r in report.records)
+    assert len({r.idempotency_key for r in report.records}) == 30
+    assert report.exit_code == 0 and report.served_by() == {"replica-a": 30}
+
+
+async def test_503_with_not_started_header_is_rejected_retryable_and_without_it_http_error() -> None:
+    """1. a drain's 503 (x-graceful-not-started) 2. a plain 503 3. only the first is explicitly not started."""
+    app = OpenAIApp(plan=lambda n, body: "reject" if body["stream"] else "reject_plain")
+    async with run_uvicorn(app) as server:
+        report = await run_soak(config(server.port, mix={"short": 1, "stream": 1}, max_requests=10))
+    for record in report.records:
+        assert record.reason == ("rejected_retryable" if record.cls == "stream" else "http_error")
+        assert record.status == 503
+    assert report.exit_code == (1 if any(r.cls == "short" for r in report.records) else 0)
+    assert not app.executions
+
+
+async def test_server_shutdown_frame_is_ended_by_server_and_never_retried() -> None:
+    """1. a stream ends with the server_shutdown error frame 2. counted ended_by_server, not retried under sdk."""
+    app = OpenAIApp(plan=lambda n, body: "shutdown_frame")
+    async with run_uvicorn(app) as server:
+        report = await run_soak(config(server.port, mix=only("stream"), retry="sdk", max_requests=4))
+    assert reasons(report) == {"ended_by_server": 4}
+    assert all(r.attempts == 1 and 0 < r.tokens < r.expected_tokens for r in report.records)
+    assert report.exit_code == 0
+
+
+@pytest.mark.parametrize("cls", ["short", "stream"])
+async def test_body_cut_is_truncated_and_never_retried(cls: str) -> None:
+    """1. headers and half the body 2. the connection closes 3. truncated, one attempt even under sdk."""
+    app = OpenAIApp(plan=lambda n, body: "cut")
+    async with run_uvicorn(app, log_level="critical") as server:
+        report = await run_soak(config(server.port, mix=only(cls), retry="sdk", max_requests=3))
+    assert reasons(report) == {"truncated": 3}
+    assert all(r.attempts == 1 and r.status == 200 for r in report.records)
+    assert report.exit_code == 1 and report.losses() == {"truncated": 3}
+
+
+async def test_stream_error_event_is_http_error_and_unreadable_counts_are_noted() -> None:
+    """1. a stream carries an error event that is not server_shutdown 2. http_error
+    3. the executions URL answers 404 4. the report notes it and keeps header-only detection."""
+    app = OpenAIApp(plan=lambda n, body: "error_event")
+    async with run_uvicorn(app) as server:
+        missing = f"http://127.0.0.1:{server.port}/nothing"
+        report = await run_soak(config(server.port, mix=only("stream"), max_requests=2, executions_urls=(missing,)))
+    assert reasons(report) == {"http_error": 2}
+    assert all(r.error is not None and "overloaded" in r.error for r in report.records)
+    assert report.executions is None and "could not read execution counts" in report.notes[0]
+    assert "note: could not read" in report.render()
+
+
+@pytest.mark.parametrize("mode", ["short_length", "bad_json"])
+async def test_incomplete_complete_bodies_are_truncated(mode: Mode) -> None:
+    """1. a whole 200 body with half the tokens for finish_reason length, or invalid JSON 2. truncated."""
+    app = OpenAIApp(plan=lambda n, body: mode)
+    async with run_uvicorn(app) as server:
+        report = await run_soak(config(server.port, mix=only("long"), max_requests=2))
+    assert reasons(report) == {"truncated": 2}
+
+
+async def test_refused_is_retried_by_sdk_and_is_not_blind() -> None:
+    """1. nothing listens on the port 2. refused 3. sdk retries twice, none of them blind."""
+    port = free_port()
+    report = await run_soak(config(port, retry="sdk", max_requests=2))
+    assert reasons(report) == {"refused": 2}
+    assert all(r.attempts == 3 and r.blind_retries == 0 and r.served_by is None for r in report.records)
+    assert report.exit_code == 0
+    strict = await run_soak(config(port, max_requests=1))
+    assert strict.records[0].attempts == 1
+
+
+async def test_connection_closed_after_request_is_ambiguous_and_sdk_retries_blindly() -> None:
+    """1. the server reads the request and closes without a byte 2. ambiguous 3. sdk retries are blind."""
+    async with raw_http_server(close_without_answer) as port:
+        strict = await run_soak(config(port, max_requests=2))
+        sdk = await run_soak(config(port, retry="sdk", max_requests=2))
+    assert reasons(strict) == {"ambiguous": 2} and strict.exit_code == 1
+    assert reasons(sdk) == {"ambiguous": 2}
+    assert all(r.attempts == 3 and r.blind_retries == 2 for r in sdk.records)
+    assert sdk.to_json()["blind_retries"] == 4
+    assert len(sdk.possible_duplicates()) == 2
+
+
+async def test_keepalive_connection_closed_under_the_next_request_is_ambiguous() -> None:
+    """1. a request is answered on a keep-alive connection 2. the client reuses it for the next one
+    3. the server reads that one and closes 4. ambiguous (the pool did not hide it)."""
+    async with raw_http_server(keepalive_then_close) as port:
+        report = await run_soak(config(port, concurrency=1, max_requests=2, mix=only("short")))
+    assert [r.reason for r in report.records] == ["ok", "ambiguous"]
+    assert report.records[1].error is not None and "RemoteProtocolError" in report.records[1].error
+
+
+async def test_raw_headers_then_close_is_truncated() -> None:
+    """1. headers and one SSE event, then the socket closes 2. truncated, with the bytes counted."""
+    async with raw_http_server(headers_then_cut) as port:
+        report = await run_soak(config(port, mix=only("stream"), retry="sdk", max_requests=2))
+    assert reasons(report) == {"truncated": 2}
+    assert all(r.attempts == 1 and r.tokens == 1 and r.served_by == "raw" for r in report.records)
+
+
+async def test_timeouts_before_and_after_headers() -> None:
+    """1. no answer at all, then 2. a stalled body 3. both timeout; only the first is retried by sdk."""
+    before = OpenAIApp(plan=lambda n, body: "stall")
+    after = OpenAIApp(plan=lambda n, body: "stall_body")
+    async with run_uvicorn(before) as one, run_uvicorn(after) as two:
+        r1 = await run_soak(config(one.port, retry="sdk", timeout=0.2, max_requests=1, mix=only("short")))
+        r2 = await run_soak(config(two.port, retry="sdk", timeout=0.2, max_requests=2, mix=only("stream")))
+    assert reasons(r1) == {"timeout": 1} and r1.records[0].attempts == 3 and r1.records[0].blind_retries == 2
+    assert reasons(r2) == {"timeout": 2} and all(r.attempts == 1 for r in r2.records)
+
+
+async def test_sdk_retries_not_started_503_into_success() -> None:
+    """1. the first attempt of each request meets a drain's 503 2. sdk retries with the same key 3. ok."""
+    prompts: set[str] = set()
+
+    def first_rejected(n: int, body: dict[str, Any]) -> Mode:
+        prompt = body["messages"][0]["content"]
+        if prompt in prompts:
+            return "ok"
+        prompts.add(prompt)
+        return "reject"
+
+    app = OpenAIApp(plan=first_rejected)
+    async with run_uvicorn(app) as server:
+        report = await run_soak(config(server.port, retry="sdk", max_requests=4))
+    assert reasons(report) == {"ok": 4}
+    for record in report.records:
+        assert [a.reason for a in record.history] == ["rejected_retryable", "ok"]
+        assert record.blind_retries == 0
+    assert report.exit_code == 0 and max(app.executions.values()) == 1
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_duplicates_from_execution_counts_and_replays(idempotent: bool) -> None:
+    """1. each request executes, then its answer is lost (502) 2. sdk retries blindly with the same key
+    3. without idempotency the server executes it twice: duplicates; with it, the retry is a replay."""
+    app = OpenAIApp(plan=lambda n, body: "lost_answer" if n % 2 == 0 else "ok", idempotent=idempotent)
+    async with run_uvicorn(app) as server:
+        url = f"http://127.0.0.1:{server.port}/debug/executions"
+        cfg = config(server.port, retry="sdk", concurrency=1, max_requests=3, mix=only("short"))
+        counted = await run_soak(cfg)
+        assert counted.executions is None
+        app.executions.clear()
+        report = await run_soak(
+            config(server.port, retry="sdk", concurrency=1, max_requests=3, mix=only("short"), executions_urls=(url,))
+        )
+    assert reasons(report) == {"ok": 3}
+    assert all(r.blind_retries == 1 for r in report.records)
+    if idempotent:
+        assert report.duplicates() == [] and all(r.replay for r in report.records)
+        assert report.exit_code == 0 and counted.exit_code == 0
+    else:
+        assert sorted(report.duplicates()) == sorted(r.idempotency_key for r in report.records)
+        assert report.losses() == {"duplicates": 3} and report.exit_code == 1
+        # Without the server's counts the same run can only be flagged as possible duplicates.
+        assert len(counted.possible_duplicates()) == 3 and counted.exit_code == 1
+
+
+async def test_rate_mode_and_stop_event() -> None:
+    """1. open-loop arrivals at 200/s 2. the caller's stop event ends the run early."""
+    app = OpenAIApp()
+    stop = anyio.Event()
+    count = 0
+
+    def on_record(record: RequestRecord) -> None:
+        nonlocal count
+        count += 1
+        if count == 5:
+            stop.set()
+
+    async with run_uvicorn(app) as server:
+        with anyio.fail_after(5):
+            report = await run_soak(
+                config(server.port, rate=200.0, max_requests=1000, duration=10.0), stop=stop, on_record=on_record
+            )
+    assert 5 <= len(report.records) < 100
+    assert reasons(report) == {"ok": len(report.records)}
+
+
+def test_config_and_option_parsing() -> None:
+    assert parse_weights("short=5,stream=1", name="--mix") == {"short": 5, "stream": 1}
+    assert endpoint("http://h:1") == "http://h:1/v1/chat/completions"
+    assert endpoint("http://h:1/v1/") == "http://h:1/v1/chat/completions"
+    assert endpoint("http://h:1/v1/completions") == "http://h:1/v1/completions"
+    for bad in (
+        {"url": "ftp://x"},
+        {"mix": {"huge": 1}},
+        {"mix": {"short": 0}},
+        {"lengths": {"short": 0}},
+        {"concurrency": 0},
+        {"duration": 0.0},
+        {"rate": -1.0},
+        {"max_requests": 0},
+        {"retry": "always"},
+        {"executions_urls": ("nope",)},
+    ):
+        with pytest.raises(ConfigError):
+            SoakConfig(**{"url": "http://127.0.0.1:1", **bad})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--duration", "5x"], "'5x' is not a duration"),
+        (["--timeout", "0"], "--timeout: '0' is zero"),
+        (["--mix", "short=5,tiny=1"], "'tiny=1'"),
+        (["--lengths", "long=many"], "'long=many'"),
+        (["--retry", "maybe"], "'maybe' is not one of"),
+        (["--concurrency", "0"], "--concurrency"),
+    ],
+)
+def test_bad_options_exit_2_with_a_clear_message(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(soak_command, ["http://127.0.0.1:1", *args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
+
+
+def test_bad_url_and_missing_matplotlib_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    result = CliRunner().invoke(soak_command, ["localhost:8000"])
+    assert result.exit_code == 2 and "'localhost:8000' is not an http(s) URL" in result.output
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = CliRunner().invoke(soak_command, ["http://127.0.0.1:1", "--plot", str(tmp_path / "t.png")])
+    assert result.exit_code == 2 and "pip install 'graceful-drain[plot]'" in result.output
+
+
+async def test_cli_writes_records_report_and_plot(tmp_path: Path) -> None:
+    """1. the command runs against a real server 2. table, JSONL, JSON report and PNG agree."""
+    app = OpenAIApp(plan=lambda n, body: "shutdown_frame" if n == 0 else "ok")
+    files = {name: tmp_path / name for name in ("out.jsonl", "report.json", "timeline.png")}
+    args = ["--duration", "2s", "--max-requests", "12", "--concurrency", "3", "--lengths", "short=4,long=16,stream=8"]
+    args += [
+        "--records",
+        str(files["out.jsonl"]),
+        "--report",
+        str(files["report.json"]),
+        "--plot",
+        str(files["timeline.png"]),
+    ]
+    async with run_uvicorn(app) as server:
+        result = await anyio.to_thread.run_sync(
+            CliRunner().invoke, soak_command, [f"http://127.0.0.1:{server.port}", *args]
+        )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in files["out.jsonl"].read_text().splitlines()]
+    report = json.loads(files["report.json"].read_text())
+    assert len(lines) == report["requests"] == 12
+    assert report["by_reason"]["ok"] == sum(1 for line in lines if line["reason"] == "ok")
+    assert all(line["attempts"] == 1 and line["attempt_reasons"] == [line["reason"]] for line in lines)
+    assert "total" in result.output and "verdict: no unexplained loss in 12 requests" in result.output
+    assert files["timeline.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_cli_exits_1_on_loss() -> None:
+    app = OpenAIApp(plan=lambda n, body: "reject_plain")
+    async with run_uvicorn(app) as server:
+        args = [f"http://127.0.0.1:{server.port}", "--max-requests", "3", "--duration", "2s"]
+        result = await anyio.to_thread.run_sync(CliRunner().invoke, soak_command, args)
+    assert result.exit_code == 1, result.output
+    assert "verdict: LOSS (http_error=3)" in result.output
+
+
+async def test_subprocess_sigint_stops_new_requests_and_still_reports() -> None:
+    """1. `soak` runs in a real process for up to 30 s 2. requests reach the server 3. SIGINT
+    4. in-flight requests finish, the table is printed and the exit code judges what was sent."""
+    app = OpenAIApp(token_delay=0.005)
+    code = "from graceful._soak import soak_command; soak_command()"
+    async with run_uvicorn(app) as server:
+        args = [f"http://127.0.0.1:{server.port}", "--duration", "30s", "--concurrency", "2", "--lengths", "stream=20"]
+        process = await anyio.open_process([sys.executable, "-c", code, *args])
+        try:
+            with anyio.fail_after(10):
+                while app.seen < 5:
+                    await anyio.sleep(0.01)
+                process.send_signal(signal.SIGINT)
+                assert process.stdout is not None
+                stdout = b"".join([chunk async for chunk in process.stdout]).decode()
+                await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.aclose()
+    assert process.returncode == 0, stdout
+    assert "verdict: no unexplained loss" in stdout
+    sent = int(stdout.split("verdict: no unexplained loss in ")[1].split()[0])
+    assert sent == app.seen
