@@ -1,0 +1,1 @@
+"""Benchmarks for graceful: run each one from the repository root with ``python -m benchmarks.<name>``."""

@@ -1,0 +1,71 @@
+"""Each benchmark script runs end to end at tiny sizes and prints its Markdown tables.
+
+Timings are never asserted here (benchmarks are not tests, see issue 9); only that the
+scripts still work against the current code and report every figure against its target.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from benchmarks import drain_reaction, e2e, engine, idle_return, inprocess, scale
+
+
+def _tables(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("|")]
+
+
+def test_inprocess(capsys: pytest.CaptureFixture[str]) -> None:
+    inprocess.main(["--rounds", "2", "--requests", "50", "--streams", "5", "--frames", "10"])
+    out = capsys.readouterr().out
+    for variant in inprocess.VARIANTS:
+        assert f"| {variant} |" in out
+    assert "added per frame / floor's" in out
+    assert "<= 0.25 us" in out
+
+
+def test_scale(capsys: pytest.CaptureFixture[str]) -> None:
+    scale.main(["--streams", "50", "--repeat", "5", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert "(in flight seen by the Drain: 50)" in out
+    assert "| memory added per in-flight request |" in out
+    assert "| drained |" in out
+
+
+def test_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    engine.main(["--engines", "1", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert "| whole poll, graceful |" in out
+    assert "prometheus-client text parser: parse only" in out
+
+
+def test_engine_parsers_agree() -> None:
+    page = engine.vllm_page(3)
+    # 3 engines x 3 running, 3 x 1 waiting; the *_by_reason look-alike must not count.
+    expected = {"vllm:num_requests_running": 9.0, "vllm:num_requests_waiting": 3.0}
+    assert engine.plain_parse(page, engine.NAMES) == expected
+    assert engine.read_metrics(page, engine.NAMES) == expected
+
+
+def test_drain_reaction(capsys: pytest.CaptureFixture[str]) -> None:
+    drain_reaction.main(["--trials", "3", "--cli-trials", "0"])
+    out = capsys.readouterr().out
+    assert "| admin request sent -> /ready answers 503 | 3 |" in out
+    assert "| admin request sent -> first new request rejected (503) | 3 |" in out
+
+
+def test_idle_return(capsys: pytest.CaptureFixture[str]) -> None:
+    idle_return.main(["--trials", "5", "--cli-trials", "0", "--run-trials", "1"])
+    out = capsys.readouterr().out
+    assert "| in process: last frame -> Drain.drain() returns | 5 |" in out
+    assert "`graceful run` exits after SIGTERM | 1 |" in out
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+def test_e2e(capsys: pytest.CaptureFixture[str]) -> None:
+    e2e.main(["--rounds", "1", "--duration", "1", "--paths", "short"])
+    out = capsys.readouterr().out
+    assert len(_tables(out)) == 3  # header, rule, one path
+    assert "| short |" in out
