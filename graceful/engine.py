@@ -1,0 +1,28 @@
+"""Drain an inference engine you cannot wrap (vLLM, SGLang, TGI, Triton) from outside.
+
+``wait_idle`` polls the engine's Prometheus ``/metrics`` page until its running and
+waiting requests read zero on consecutive reads, within ``min(timeout, 70% of the
+grace period)``. It is what ``graceful drain --engine`` runs in a preStop hook.
+"""
+
+from ._engine import (
+    MAX_KV_BUFFER,
+    PRESETS,
+    EngineDrainResult,
+    EnginePreset,
+    EngineProgress,
+    effective_wait,
+    read_metrics,
+    wait_idle,
+)
+
+__all__ = [
+    "MAX_KV_BUFFER",
+    "PRESETS",
+    "EngineDrainResult",
+    "EnginePreset",
+    "EngineProgress",
+    "effective_wait",
+    "read_metrics",
+    "wait_idle",
+]

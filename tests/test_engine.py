@@ -1,0 +1,603 @@
+"""Engine drain: parsing real exposition pages, and polling a real HTTP server that follows a script."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from graceful import ConfigError
+from graceful._engine import PageError, run_engine_drain
+from graceful.engine import PRESETS, EngineProgress, effective_wait, read_metrics, wait_idle
+from tests.utils import free_port, run_uvicorn
+
+pytestmark = pytest.mark.anyio
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+VLLM = PRESETS["vllm"].metrics
+# Tests that count reads exactly poll slower, so a loaded machine cannot turn a read into a read timeout.
+EXACT = 0.1
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / f"{name}.txt").read_text()
+
+
+def vllm_page(running: tuple[str, str], waiting: tuple[str, str]) -> str:
+    """The busy vLLM fixture with its two engines' running and waiting series set to these literals."""
+    page = fixture("vllm_busy")
+    for metric, (first, second) in (("running", running), ("waiting", waiting)):
+        series = re.findall(rf"^vllm:num_requests_{metric}{{.*}} .*$", page, flags=re.M)
+        assert len(series) == 2
+        for line, value in zip(series, (first, second)):
+            page = page.replace(line, line.rsplit(" ", 1)[0] + " " + value)
+    return page
+
+
+BUSY = vllm_page(("1.0", "0.0"), ("0.0", "0e+00"))
+IDLE = vllm_page(("0.0", "-0"), ("0", "0e+00"))
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    ("name", "engine", "expected"),
+    [
+        ("vllm_busy", "vllm", (5.0, 1.0)),
+        ("vllm_idle", "vllm", (0.0, 0.0)),
+        ("sglang_busy", "sglang", (14.0, 2.0)),
+        ("sglang_idle", "sglang", (0.0, 0.0)),
+        ("tgi", "tgi", (3.0, 2.0)),
+        ("triton", "triton", (3.0,)),
+    ],
+)
+def test_presets_sum_every_series(name: str, engine: str, expected: tuple[float, ...]) -> None:
+    values = read_metrics(fixture(name), PRESETS[engine].metrics)
+    assert tuple(values.values()) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "sibling", "expected"),
+    [
+        ("vllm_idle", "vllm:num_requests_waiting_by_reason", 7.0),
+        ("sglang_idle", "sglang:num_running_reqs_offline_batch", 10.0),
+        ("tgi", "tgi_queue_size_tokens", 812.0),
+    ],
+)
+def test_siblings_sharing_a_prefix_are_separate_metrics(name: str, sibling: str, expected: float) -> None:
+    page = fixture(name)
+    assert read_metrics(page, [sibling]) == {sibling: expected}
+    assert sibling not in read_metrics(page, [sibling.rsplit("_", 2)[0]])
+
+
+@pytest.mark.parametrize(
+    ("literal", "expected"),
+    [("0", 0.0), ("0.0", 0.0), ("0e+00", 0.0), ("-0", 0.0), ("1e3", 1000.0), ("2.5E-1", 0.25), ("+Inf", math.inf)],
+)
+def test_any_number_format(literal: str, expected: float) -> None:
+    page = f'# TYPE q gauge\nq{{b="2",a="1"}} {literal}\nq{{a="3",b="4"}} 0\n'
+    assert read_metrics(page, ["q"]) == {"q": expected}
+
+
+def test_nan_and_absent_are_unknown() -> None:
+    page = vllm_page(("0.0", "NaN"), ("0", "0"))
+    values = read_metrics(page.replace("vllm:num_requests_waiting{", "vllm:num_requests_waiting_x{"), VLLM)
+    assert math.isnan(values["vllm:num_requests_running"] or 0.0)
+    assert values["vllm:num_requests_waiting"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "counter", "total"),
+    [
+        ("vllm_busy", "vllm:request_success", 82.0),  # the page writes ..._total
+        ("triton", "nv_inference_request_success", 2406.0),  # the page writes no _total
+        ("tgi", "tgi_request_count", 1204.0),
+    ],
+)
+def test_counter_answers_with_and_without_total(name: str, counter: str, total: float) -> None:
+    page = fixture(name)
+    assert read_metrics(page, [counter]) == {counter: total}
+    assert read_metrics(page, [counter + "_total"]) == {counter + "_total": total}
+
+
+def test_histogram_parts_are_exact_names() -> None:
+    page = fixture("vllm_busy")
+    assert read_metrics(page, ["vllm:iteration_tokens_total"]) == {"vllm:iteration_tokens_total": None}
+    assert read_metrics(page, ["vllm:iteration_tokens_total_count"]) == {"vllm:iteration_tokens_total_count": 807.0}
+    assert read_metrics(page, ["vllm:time_to_first_token_seconds_bucket"]) == {
+        "vllm:time_to_first_token_seconds_bucket": 214.0  # 0+0+2+11+29+40+44+44+44
+    }
+
+
+def _reference(page: str, names: list[str]) -> dict[str, float | None]:
+    """The same matching rule over a full parse of the page, without the pre-filter."""
+    sums: dict[str, float | None] = dict.fromkeys(names)
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            keys = {sample.name}
+            if family.type == "counter" and sample.name == family.name + "_total":
+                keys.add(family.name)
+            for key in keys & sums.keys():
+                sums[key] = (sums[key] or 0.0) + sample.value
+    return sums
+
+
+@pytest.mark.parametrize("name", sorted(path.stem for path in FIXTURES.glob("*.txt")))
+def test_prefilter_agrees_with_a_full_parse(name: str) -> None:
+    page = fixture(name)
+    names = sorted(
+        {sample.name for family in text_string_to_metric_families(page) for sample in family.samples}
+        | {family.name for family in text_string_to_metric_families(page)}
+    )
+    assert len(names) > 10
+    got, want = read_metrics(page, names), _reference(page, names)
+    assert got.keys() == want.keys()
+    for key in names:
+        a, b = got[key], want[key]
+        assert a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b)), key
+
+
+def test_malformed_metric_line_is_a_page_error() -> None:
+    with pytest.raises(PageError, match="malformed"):
+        read_metrics('vllm:num_requests_running{engine="0"} zero\n', VLLM)
+
+
+def test_html_and_unrelated_lines_are_ignored_not_errors() -> None:
+    assert read_metrics("<html><body>502 Bad Gateway</body></html>", VLLM) == dict.fromkeys(VLLM)
+
+
+def big_vllm_page(size: int = 500_000) -> str:
+    """A vLLM page padded with histogram buckets to ``size`` bytes, the targets in the middle."""
+    bounds = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "+Inf"]
+    chunks: list[str] = []
+    index = 0
+    while sum(map(len, chunks)) < size:
+        name = f"vllm:request_phase_{index}_seconds"
+        chunks.append(f"# HELP {name} Histogram.\n# TYPE {name} histogram\n")
+        for engine in ("0", "1"):
+            model = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
+            chunks += [f'{name}_bucket{{engine="{engine}",le="{le}",{model}}} 12.0\n' for le in bounds]
+        index += 1
+    middle = len(chunks) // 2
+    return "".join(chunks[:middle]) + fixture("vllm_busy") + "".join(chunks[middle:])
+
+
+def test_big_page_parses_in_well_under_5ms() -> None:
+    page = big_vllm_page()
+    assert len(page) >= 500_000
+    best = math.inf
+    for _ in range(7):
+        start = time.perf_counter()
+        values = read_metrics(page, VLLM)
+        best = min(best, time.perf_counter() - start)
+    assert values == {"vllm:num_requests_running": 5.0, "vllm:num_requests_waiting": 1.0}
+    assert best < 0.005, f"{best * 1000:.2f} ms"
+
+
+# --------------------------------------------------------------------------- budget and usage
+
+
+@pytest.mark.parametrize(
+    ("timeout", "grace", "expected"),
+    [(None, None, 21.0), (10.0, None, 10.0), (None, 100.0, 70.0), (10.0, 100.0, 10.0), (100.0, 10.0, 7.0)],
+)
+def test_effective_wait_is_min_of_timeout_and_70_percent_of_grace(
+    timeout: float | None, grace: float | None, expected: float
+) -> None:
+    assert effective_wait(timeout, grace) == pytest.approx(expected)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("DRAIN_TIMEOUT", "GRACE_SECONDS", "GRACEFUL_GRACE_PERIOD"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def cli_args(**overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "engine": "vllm",
+        "metrics_url": None,
+        "metrics": (),
+        "interval": EXACT,
+        "idle_reads": 2,
+        "kv_buffer": 0.0,
+        "propagation_wait": 0.0,
+        "timeout": 5.0,
+        "grace_period": None,
+        "quiet": True,
+        "json_output": True,
+    }
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "message"),
+    [
+        ({"kv_buffer": 31.0}, {}, "kv-buffer: 31.0 is longer than 30s"),
+        ({"engine": "ollama"}, {}, "unknown engine 'ollama'"),
+        ({"engine": None}, {}, "no metrics to watch"),
+        ({"engine": None, "metrics": ("x",)}, {}, "no metrics URL"),
+        ({"metrics": ('vllm:num_requests_running{engine="0"}',)}, {}, "not a Prometheus metric name"),
+        ({"metrics_url": "127.0.0.1:8000/metrics"}, {}, "not an http(s) URL"),
+        ({"metrics_url": "http://[::1/metrics"}, {}, "not an http(s) URL"),
+        ({"metrics_url": "http:///metrics"}, {}, "not an http(s) URL"),
+        ({"idle_reads": 0}, {}, "idle-reads: 0"),
+        ({"interval": 0.0}, {}, "interval: 0.0"),
+        ({"timeout": None, "grace_period": -1.0}, {}, "grace-period: -1.0"),
+        ({"propagation_wait": 5.0, "timeout": 3.0}, {}, "does not fit in the 3s budget"),
+        ({"timeout": None}, {"DRAIN_TIMEOUT": "soon"}, "environment variable DRAIN_TIMEOUT: 'soon'"),
+        ({}, {"GRACE_SECONDS": "-5"}, "environment variable GRACE_SECONDS: '-5' is negative"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    overrides: dict[str, Any],
+    env: dict[str, str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert run_engine_drain(**cli_args(**overrides)) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+async def test_wait_idle_raises_config_error() -> None:
+    with pytest.raises(ConfigError, match="kv-buffer"):
+        await wait_idle("vllm", kv_buffer=60)
+
+
+# --------------------------------------------------------------------------- against a real server
+
+
+@dataclass(frozen=True)
+class Reply:
+    body: str
+    status: int = 200
+    delay: float = 0.0
+    content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ScriptedEngine:
+    """An engine's /metrics endpoint: read N gets ``script[N]``, and the last entry repeats."""
+
+    def __init__(self, *script: Reply | str) -> None:
+        self.script = [Reply(item) if isinstance(item, str) else item for item in script]
+        self.read_times: list[float] = []
+
+    @property
+    def reads(self) -> int:
+        return len(self.read_times)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "http" and scope["path"] == "/metrics"
+        reply = self.script[min(self.reads, len(self.script) - 1)]
+        self.read_times.append(anyio.current_time())
+        await anyio.sleep(reply.delay)
+        body = reply.body.encode()
+        headers = [(b"content-type", reply.content_type.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Any]:
+    servers: list[Any] = []
+
+    async def start(engine: ScriptedEngine) -> str:
+        context = run_uvicorn(engine, lifespan="off")
+        server = await context.__aenter__()
+        servers.append(context)
+        return f"http://127.0.0.1:{server.port}/metrics"
+
+    yield start
+    for context in reversed(servers):
+        await context.__aexit__(None, None, None)
+
+
+async def drain_cli(**overrides: Any) -> int:
+    """``run_engine_drain`` runs its own event loop, so it gets a thread; the server stays on this loop."""
+    return await anyio.to_thread.run_sync(partial(run_engine_drain, **cli_args(**overrides)))
+
+
+def json_result(capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:
+    out, err = capsys.readouterr()
+    return json.loads(out), err
+
+
+async def test_idle_right_after_the_sum_reads_zero_on_consecutive_reads(serve: Any) -> None:
+    """1. two busy reads 2. two zero reads 3. returns at once: no fifth read."""
+    engine = ScriptedEngine(BUSY, BUSY, IDLE, IDLE, BUSY)
+    result = await wait_idle("vllm", metrics_url=await serve(engine), interval=EXACT, timeout=5)
+    assert result.result == "idle" and result.idle and result.exit_code == 0
+    assert result.reads == 4 and engine.reads == 4
+    assert result.values == {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
+
+
+async def test_one_read_zero_blip_is_ignored(serve: Any) -> None:
+    """A lagging gauge reads 0 once while a request is still in flight; idle needs two zeros in a row."""
+    engine = ScriptedEngine(BUSY, IDLE, BUSY, IDLE, BUSY, IDLE, IDLE)
+    progress: list[EngineProgress] = []
+    result = await wait_idle(
+        "vllm", metrics_url=await serve(engine), interval=EXACT, timeout=5, on_progress=progress.append
+    )
+    assert result.result == "idle" and result.reads == 7
+    assert [p.idle_streak for p in progress] == [0, 1, 0, 1, 0, 1, 2]
+
+
+async def test_idle_reads_option_sets_the_streak(serve: Any) -> None:
+    engine = ScriptedEngine(IDLE, IDLE, BUSY, IDLE, IDLE, IDLE)
+    result = await wait_idle("vllm", metrics_url=await serve(engine), interval=EXACT, idle_reads=3, timeout=5)
+    assert result.result == "idle" and result.reads == 6
+
+
+async def test_absent_metric_never_reports_idle(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Waiting is absent (only its _by_reason sibling is there) and running reads 0: unknown, so exit 1."""
+    page = IDLE.replace("vllm:num_requests_waiting{", "vllm:num_requests_waiting_by_engine{")
+    engine = ScriptedEngine(page)
+    assert await drain_cli(metrics_url=await serve(engine), timeout=0.5) == 1
+    result, err = json_result(capsys)
+    assert result["result"] == "timeout" and result["exit_code"] == 1
+    assert result["values"] == {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": None}
+    assert engine.reads >= 2
+    assert err.count("warning:") == 1 and "'vllm:num_requests_waiting' is absent" in err
+    assert "waiting=?" in err
+
+
+async def test_nan_never_reports_idle_and_warns_once(serve: Any) -> None:
+    engine = ScriptedEngine(vllm_page(("0.0", "NaN"), ("0", "0")))
+    warnings: list[str] = []
+    result = await wait_idle(
+        "vllm", metrics_url=await serve(engine), interval=0.05, timeout=0.5, on_warning=warnings.append
+    )
+    assert result.result == "timeout" and result.exit_code == 1
+    assert engine.reads >= 2
+    assert len(warnings) == 1 and "NaN" in warnings[0]
+    assert result.as_dict()["values"] == {"vllm:num_requests_running": "nan", "vllm:num_requests_waiting": 0.0}
+
+
+async def test_budget_is_70_percent_of_the_grace_period(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = ScriptedEngine(BUSY)
+    assert await drain_cli(metrics_url=await serve(engine), timeout=10.0, grace_period=0.5) == 1
+    result, err = json_result(capsys)
+    assert result["limit"] == pytest.approx(0.35)
+    assert 0.35 <= result["duration"] < 0.5
+    assert "budget of 0.35s ran out with running=1 waiting=0" in err
+
+
+@pytest.mark.parametrize(
+    ("env", "overrides", "limit"),
+    [
+        ({"DRAIN_TIMEOUT": "300ms", "GRACE_SECONDS": "100"}, {}, 0.3),
+        ({"GRACE_SECONDS": "0.5"}, {}, 0.35),
+        ({"DRAIN_TIMEOUT": "1h", "GRACE_SECONDS": "0.4"}, {}, 0.28),
+        ({"GRACEFUL_GRACE_PERIOD": "0.4s", "GRACE_SECONDS": "100"}, {}, 0.28),
+        ({"DRAIN_TIMEOUT": "1h", "GRACE_SECONDS": "100"}, {"timeout": 0.3}, 0.3),
+        ({"GRACE_SECONDS": "100"}, {"grace_period": 0.5}, 0.35),
+    ],
+)
+async def test_env_names_of_the_kthena_hook(
+    env: dict[str, str],
+    overrides: dict[str, Any],
+    limit: float,
+    serve: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    args = {"timeout": None, **overrides}
+    assert await drain_cli(metrics_url=await serve(ScriptedEngine(BUSY)), **args) == 1
+    result, _ = json_result(capsys)
+    assert result["limit"] == pytest.approx(limit)
+    assert limit <= result["duration"] < limit + 0.3
+
+
+async def test_propagation_wait_comes_first(serve: Any) -> None:
+    engine = ScriptedEngine(IDLE)
+    url = await serve(engine)
+    start = anyio.current_time()
+    result = await wait_idle("vllm", metrics_url=url, interval=0.05, propagation_wait=0.3, timeout=5)
+    assert result.idle
+    assert engine.read_times[0] - start >= 0.3
+
+
+async def test_kv_buffer_is_held_after_idle_without_polling(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = ScriptedEngine(IDLE)
+    assert await drain_cli(metrics_url=await serve(engine), kv_buffer=0.3, quiet=False) == 0
+    result, err = json_result(capsys)
+    assert result["result"] == "idle" and result["reads"] == 2 and engine.reads == 2
+    assert result["kv_buffer_held"] == pytest.approx(0.3)
+    assert result["duration"] >= 0.3
+    assert "then held the KV buffer 0.3s" in err
+
+
+async def test_kv_buffer_never_outlasts_the_budget(serve: Any) -> None:
+    engine = ScriptedEngine(IDLE)
+    result = await wait_idle("vllm", metrics_url=await serve(engine), interval=0.05, kv_buffer=30, timeout=0.4)
+    assert result.idle and result.kv_buffer_held < 0.4
+    assert result.duration < 0.6
+
+
+def test_unreachable_engine_is_gone_after_three_refused_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing listens on the port: the engine already exited, so there is nothing to protect."""
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    assert run_engine_drain(**cli_args(metrics_url=url, quiet=False)) == 0
+    result, err = json_result(capsys)
+    assert result["result"] == "gone" and result["reads"] == 3 and result["exit_code"] == 0
+    assert "connection refused on 3 reads in a row" in err and "the engine is gone" in err
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_refused_is_recognised_on_every_backend() -> None:
+    """asyncio raises ConnectionRefusedError; trio wraps one per address in an ExceptionGroup."""
+    result = await wait_idle("vllm", metrics_url=f"http://127.0.0.1:{free_port()}/metrics", interval=0.05, timeout=5)
+    assert result.result == "gone" and result.reads == 3 and result.last_error == "connection refused"
+
+
+@contextlib.contextmanager
+def threaded_engine(page: str) -> Iterator[str]:
+    """A stdlib HTTP server in a thread, for calling the blocking ``run_engine_drain`` on the main thread."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        finally:
+            server.shutdown()
+            thread.join(5)
+
+
+@pytest.mark.parametrize(
+    ("page", "code", "message"), [(IDLE, 0, "engine idle (running=0 waiting=0)"), (BUSY, 1, "ran out")]
+)
+def test_run_engine_drain_on_the_main_thread(
+    page: str, code: int, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with threaded_engine(page) as url:
+        assert run_engine_drain(**cli_args(metrics_url=url, timeout=0.5, quiet=False)) == code
+    result, err = json_result(capsys)
+    assert result["exit_code"] == code
+    assert message in err
+
+
+async def test_5xx_garbage_and_timeouts_keep_polling(serve: Any) -> None:
+    """A busy or sick engine is not a gone engine: every kind of bad read resets the streak, none ends the wait."""
+    engine = ScriptedEngine(
+        Reply("overloaded", status=503),
+        IDLE,
+        Reply("<html><body>Internal Server Error</body></html>", status=500, content_type="text/html"),
+        IDLE,
+        Reply("<html><body>sign in</body></html>", content_type="text/html"),
+        IDLE,
+        Reply('vllm:num_requests_running{engine="0"} zero\n'),
+        IDLE,
+        Reply(IDLE, delay=0.3),  # answers after the per-read timeout
+        IDLE,
+        IDLE,
+    )
+    progress: list[EngineProgress] = []
+    result = await wait_idle(
+        "vllm", metrics_url=await serve(engine), interval=EXACT, timeout=5, on_progress=progress.append
+    )
+    assert result.result == "idle" and result.reads == 11
+    errors = [p.error for p in progress]
+    assert errors[0] == "HTTP 503" and errors[2] == "HTTP 500"
+    assert errors[4] is not None and errors[4].startswith("garbage page: not Prometheus")
+    assert errors[6] is not None and errors[6].startswith("garbage page: malformed")
+    assert errors[8] is not None and errors[8].startswith("no answer within")
+    assert [p.idle_streak for p in progress] == [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2]
+
+
+async def test_engine_that_hangs_up_is_sick_not_gone() -> None:
+    """The port accepts, then closes without an answer (an HTTP server shutting down): keep polling."""
+    accepted = 0
+
+    async def hang_up(stream: anyio.abc.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        await stream.aclose()
+
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hang_up)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        result = await wait_idle("vllm", metrics_url=f"http://127.0.0.1:{port}/metrics", interval=0.05, timeout=0.5)
+        tg.cancel_scope.cancel()
+    assert result.result == "timeout" and result.exit_code == 1
+    assert result.last_error is not None and result.last_error.startswith("connection error")
+    assert result.reads >= 2 and accepted >= 2
+
+
+async def test_steady_5xx_runs_out_the_budget(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = ScriptedEngine(Reply("", status=503))
+    assert await drain_cli(metrics_url=await serve(engine), timeout=0.5) == 1
+    result, err = json_result(capsys)
+    assert result["result"] == "timeout" and result["last_error"] == "HTTP 503"
+    assert engine.reads >= 2
+    assert "last read: HTTP 503" in err
+
+
+async def test_wrong_path_warns_once(serve: Any) -> None:
+    engine = ScriptedEngine(Reply("Not Found", status=404))
+    warnings: list[str] = []
+    result = await wait_idle(
+        "vllm", metrics_url=await serve(engine), interval=0.05, timeout=0.5, on_warning=warnings.append
+    )
+    assert result.result == "timeout" and engine.reads >= 2
+    assert len(warnings) == 1 and "HTTP 404" in warnings[0] and "--metrics-url" in warnings[0]
+
+
+async def test_metric_option_overrides_the_preset(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The idle page still has waiting_by_reason = 7: watching it instead of the preset never goes idle."""
+    engine = ScriptedEngine(IDLE)
+    metrics = ("vllm:num_requests_waiting_by_reason",)
+    assert await drain_cli(metrics_url=await serve(engine), metrics=metrics, timeout=0.3) == 1
+    result, err = json_result(capsys)
+    assert result["values"] == {"vllm:num_requests_waiting_by_reason": 7.0}
+    assert "vllm:num_requests_waiting_by_reason=7" in err
+
+
+@pytest.mark.parametrize("engine_name", ["sglang", "tgi", "triton"])
+async def test_other_presets_against_a_server(engine_name: str, serve: Any) -> None:
+    busy = {"sglang": "sglang_busy", "tgi": "tgi", "triton": "triton"}[engine_name]
+    idle_page = fixture(busy)
+    for metric in PRESETS[engine_name].metrics:
+        idle_page = re.sub(rf"^({re.escape(metric)}(?:{{.*}})?) \S+$", r"\1 0", idle_page, flags=re.M)
+    engine = ScriptedEngine(fixture(busy), idle_page)
+    result = await wait_idle(engine_name, metrics_url=await serve(engine), interval=EXACT, timeout=5)
+    assert result.idle and result.reads == 3
+    assert set(result.values.values()) == {0.0}
+
+
+async def test_progress_once_a_second_on_stderr(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = ScriptedEngine(BUSY)
+    assert await drain_cli(metrics_url=await serve(engine), timeout=1.6, quiet=False, json_output=False) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    progress = [line for line in err.splitlines() if "deadline in" in line]
+    assert engine.reads > 3
+    assert len(progress) == 2, err
+    assert all("running=1 waiting=0" in line and "elapsed" in line for line in progress)
+
+
+async def test_quiet_prints_no_progress(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = ScriptedEngine(BUSY, IDLE)
+    assert await drain_cli(metrics_url=await serve(engine), json_output=False) == 0
+    assert capsys.readouterr() == ("", "")
+
+
+def test_fixtures_hold_every_number_format() -> None:
+    text = "\n".join(fixture(path.stem) for path in FIXTURES.glob("*.txt"))
+    for literal in (" 0\n", " 0.0\n", " 0e+00\n", " 1e3\n", " +Inf\n", " NaN\n", " -0\n", 'le="+Inf"'):
+        assert literal in text, literal
