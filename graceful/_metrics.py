@@ -94,7 +94,7 @@ def render(registry: CollectorRegistry) -> tuple[bytes, str]:
         from prometheus_client import multiprocess
 
         merged = CollectorRegistry()
-        multiprocess.MultiProcessCollector(merged)
+        multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
         registry = merged
     return generate_latest(registry), CONTENT_TYPE_LATEST
 

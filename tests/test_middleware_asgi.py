@@ -87,7 +87,7 @@ async def test_startup_failure_is_reported_and_stops(registry: CollectorRegistry
     from contextlib import asynccontextmanager
 
     mw = GracefulMiddleware(starlette_app(lifespan=asynccontextmanager(lifespan)), registry=registry, admin=False)
-    with pytest.raises(BaseException):  # noqa: B017 - asgi-lifespan re-raises the app's error
+    with pytest.raises(BaseException):
         async with LifespanManager(mw):
             pass  # pragma: no cover
     assert mw.drain.state is State.STOPPED

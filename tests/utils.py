@@ -18,7 +18,9 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def run_uvicorn(app: Any, server_class: type[uvicorn.Server] = uvicorn.Server, **config: Any) -> AsyncIterator[Any]:
+async def run_uvicorn(
+    app: Any, server_class: type[uvicorn.Server] = uvicorn.Server, **config: Any
+) -> AsyncIterator[Any]:
     """Run ``app`` under a real uvicorn server in this event loop on 127.0.0.1.
 
     Yields the server; its port is ``server.port``. On exit the server is asked to

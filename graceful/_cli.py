@@ -1,0 +1,273 @@
+"""The ``graceful`` command line: drain, status, resume and run.
+
+Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
+2 usage or configuration error, 3 no server found.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, NoReturn
+
+import anyio
+import click
+from click.core import ParameterSource
+
+from ._budget import Budget, ConfigError, parse_duration
+from ._client import NoServer, WorkerDrain, discover, drain_all, request_all
+
+__all__ = ["cli", "drain_command", "main"]
+
+EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
+ENGINES = ("vllm", "sglang", "tgi", "triton")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+class Duration(click.ParamType[float]):
+    """``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(value, name=param.name if param and param.name else "duration")
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+socket_dir_option = click.option(
+    "--socket-dir",
+    envvar="GRACEFUL_SOCKET_DIR",
+    type=click.Path(file_okay=False),
+    help="Directory of the worker sockets [env GRACEFUL_SOCKET_DIR; default <tmp>/graceful-<uid>].",
+)
+socket_option = click.option("--socket", type=click.Path(dir_okay=False), help="Talk to this one socket only.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="graceful-drain", prog_name="graceful", message="%(prog)s %(version)s")
+def cli() -> None:
+    """Take an inference server out of service without losing a request."""
+
+
+@cli.command("drain")
+@socket_dir_option
+@socket_option
+@click.option("--propagation-wait", type=DURATION, default=None, help="Keep serving this long after going unready.")
+@click.option("--timeout", type=DURATION, default=None, help="Give up on in-flight work after this long.")
+@click.option("--grace-period", type=DURATION, default=None, help="The pod's terminationGracePeriodSeconds.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@click.option("--json", "json_output", is_flag=True, help="Print the outcome as JSON on stdout.")
+@click.option("--engine", type=click.Choice(ENGINES), default=None, help="Drain an inference engine by its metrics.")
+@click.option("--metrics-url", default=None, help="Engine metrics endpoint (Prometheus text).")
+@click.option("--metric", "metrics", multiple=True, help="Metric that counts in-flight work (repeatable).")
+@click.option("--interval", type=DURATION, default="1s", show_default=True, help="Engine metrics poll interval.")
+@click.option("--idle-reads", type=click.IntRange(min=1), default=2, show_default=True, help="Zero reads in a row.")
+@click.option("--kv-buffer", type=DURATION, default="0", show_default=True, help="Extra wait after the engine idles.")
+@click.pass_context
+def drain_command(
+    ctx: click.Context,
+    socket_dir: str | None,
+    socket: str | None,
+    propagation_wait: float | None,
+    timeout: float | None,
+    grace_period: float | None,
+    quiet: bool,
+    json_output: bool,
+    engine: str | None,
+    metrics_url: str | None,
+    metrics: tuple[str, ...],
+    interval: float,
+    idle_reads: int,
+    kv_buffer: float,
+) -> None:
+    """Drain every worker and wait until nothing is in flight (for a preStop hook)."""
+    if socket_dir and socket:
+        _fail(ctx, "use --socket-dir or --socket, not both")
+    if grace_period is not None:
+        # The preStop hook shares terminationGracePeriodSeconds with everything after it:
+        # the drain gets grace_period - reserve at most (the same rule as the server's).
+        try:
+            budget = Budget.resolve(grace_period=grace_period, drain_timeout=timeout)
+        except ConfigError as exc:
+            _fail(ctx, str(exc))
+        timeout = budget.limit
+    if engine is not None or metrics_url is not None:
+        from ._engine import run_engine_drain
+
+        ctx.exit(
+            run_engine_drain(
+                engine=engine,
+                metrics_url=metrics_url,
+                metrics=metrics,
+                interval=interval,
+                idle_reads=idle_reads,
+                kv_buffer=kv_buffer,
+                propagation_wait=propagation_wait or 0.0,
+                timeout=timeout,
+                grace_period=grace_period,
+                quiet=quiet,
+                json_output=json_output,
+            )
+        )
+    started = time.monotonic()
+
+    def progress(workers: list[WorkerDrain]) -> None:
+        if not quiet:
+            click.echo(_progress_line(workers, time.monotonic() - started), err=True)
+
+    try:
+        paths = discover(socket_dir, socket)
+        workers = anyio.run(
+            lambda: drain_all(paths, propagation_wait=propagation_wait, timeout=timeout, on_tick=progress)
+        )
+    except NoServer as exc:
+        click.echo(f"graceful: {exc}", err=True)
+        ctx.exit(EXIT_NO_SERVER)
+    live = [w for w in workers if w.reachable]
+    ok = all(w.result is not None and w.result.get("result") == "drained" for w in live)
+    if json_output:
+        outcome = {"result": "drained" if ok else "timeout", "workers": [w.as_dict() for w in live]}
+        click.echo(json.dumps(outcome))
+    for worker in workers:
+        if not worker.reachable:
+            click.echo(f"graceful: skipped {worker.path}: nothing listening (stale socket)", err=True)
+    if not quiet or not ok:
+        for line in _report(live, time.monotonic() - started):
+            click.echo(line, err=True)
+    ctx.exit(EXIT_OK if ok else EXIT_LEFTOVER)
+
+
+def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
+    live = [w for w in workers if w.reachable]
+    running = [w for w in live if w.result is None]
+    in_flight = sum(w.in_flight for w in running)
+    deadlines = [w.deadline for w in running if w.deadline]
+    line = f"draining {len(live)} worker{'s' if len(live) != 1 else ''}: {in_flight} in flight, {elapsed:.1f} s elapsed"
+    if deadlines:
+        line += f", deadline in {max(0.0, max(deadlines) - time.time()):.0f} s"
+    return line
+
+
+def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
+    lines = []
+    for worker in workers:
+        name = f"worker {worker.pid}" if worker.pid else worker.path
+        result = worker.result
+        if result is None:
+            lines.append(f"{name}: {worker.error}")
+        elif result.get("result") == "drained":
+            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s")
+        else:
+            lines.append(f"{name}: {result.get('result')} with {result.get('in_flight', 0)} in flight")
+            lines.extend(f"  left: {item}" for item in result.get("leftover") or [])
+    drained = sum(1 for w in workers if w.result is not None and w.result.get("result") == "drained")
+    lines.append(f"drained {drained} of {len(workers)} worker{'s' if len(workers) != 1 else ''} in {elapsed:.1f} s")
+    return lines
+
+
+@cli.command("status")
+@socket_dir_option
+@socket_option
+@click.option("--json", "json_output", is_flag=True, help="Print JSON on stdout.")
+@click.pass_context
+def status_command(ctx: click.Context, socket_dir: str | None, socket: str | None, json_output: bool) -> None:
+    """Print one row per worker: state, in flight, since."""
+    answers = _ask(ctx, socket_dir, socket, "GET", "/status")
+    if json_output:
+        click.echo(json.dumps([{"socket": path, **body} for path, body in answers.items()]))
+        return
+    click.echo(f"{'PID':>8}  {'STATE':<9} {'IN FLIGHT':>9}  SINCE")
+    for body in answers.values():
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(body["since"])))
+        click.echo(f"{body['pid']:>8}  {body['state']:<9} {body['in_flight']:>9}  {since}")
+
+
+@cli.command("resume")
+@socket_dir_option
+@socket_option
+@click.pass_context
+def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | None) -> None:
+    """Undrain every worker (DRAINING -> SERVING)."""
+    answers = _ask(ctx, socket_dir, socket, "POST", "/resume")
+    for body in answers.values():
+        click.echo(f"worker {body.get('pid', '?')}: {body['state']}" + (" (resumed)" if body["resumed"] else ""))
+
+
+def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:
+    if socket_dir and socket:
+        _fail(ctx, "use --socket-dir or --socket, not both")
+    try:
+        paths = discover(socket_dir, socket)
+        answers = anyio.run(request_all, paths, method, url)
+    except NoServer as exc:
+        click.echo(f"graceful: {exc}", err=True)
+        ctx.exit(EXIT_NO_SERVER)
+    live = {path: body for path, body in answers.items() if body is not None}
+    if not live:
+        click.echo("graceful: no graceful server found: nothing is listening on " + ", ".join(paths), err=True)
+        ctx.exit(EXIT_NO_SERVER)
+    return live
+
+
+def _fail(ctx: click.Context, message: str) -> NoReturn:
+    click.echo(f"graceful: {message}", err=True)
+    ctx.exit(EXIT_USAGE)
+
+
+@cli.command("run")
+@click.argument("app")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind to this address.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Bind to this port.")
+@click.option("--uds", default=None, help="Bind to this Unix socket instead of host and port.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
+@click.option("--socket-dir", envvar="GRACEFUL_SOCKET_DIR", default=None, help="Admin socket directory.")
+@click.option("--grace-period", type=DURATION, help="terminationGracePeriodSeconds [env GRACEFUL_GRACE_PERIOD; 30].")
+@click.option("--propagation-wait", type=DURATION, help="Keep serving this long after going unready [0].")
+@click.option("--drain-timeout", type=DURATION, help="Cap on the drain, below grace period - reserve.")
+@click.option("--reserve", type=DURATION, help="Part of the grace period kept for exit [max(30%, min(10s, half))].")
+@click.option("--admit-during-propagation", is_flag=True, help="Serve new requests during the propagation wait.")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+@click.pass_context
+def run_command(ctx: click.Context, /, app: str, workers: int, log_level: str, **values: Any) -> None:
+    """Run APP (module:attr) under uvicorn, draining on SIGTERM."""
+    from ._server import serve  # uvicorn is only needed here: keep `graceful drain` quick to start
+
+    network = {key: values.pop(key) for key in ("host", "port", "uds")}
+    options = {k: v for k, v in values.items() if v is not None and v is not False}
+    explicit = frozenset(name for name in values if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT)
+    try:
+        code = serve(app, options, explicit, workers=workers, log_level=log_level, **network)
+    except ConfigError as exc:
+        _fail(ctx, str(exc))
+    ctx.exit(code)
+
+
+# --- soak and demo commands are registered here (issue owner adds them) ---
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code instead of exiting (for embedding and tests)."""
+    try:
+        result = cli.main(args=argv, prog_name="graceful", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        return 1
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
