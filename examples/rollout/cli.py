@@ -1,0 +1,135 @@
+"""``python -m examples.rollout``: the same rolling update twice, baseline then graceful, and the table.
+
+Exit codes: 0 the graceful side kept its promises for the scenario, 1 it did not,
+2 bad options, 3 the demo itself could not run (a replica or the balancer failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import click
+
+from graceful import ConfigError, parse_duration
+
+from .report import expectations, render, side_summary
+from .scenarios import SCENARIOS, Options, SideResult, records_file, run_side
+
+__all__ = ["main", "rollout_command"]
+
+EXIT_OK, EXIT_BROKEN, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value, name=f"--{param.name}".replace("_", "-"))
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("rollout", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--scenario", type=click.Choice(SCENARIOS), default="default", show_default=True, help="What goes wrong.")
+@click.option("--replicas", type=click.IntRange(min=1), default=None, help="Replicas [default 3; --quick 2].")
+@click.option("--updates", type=click.IntRange(min=1), default=None, help="Rolling updates [default 3; --quick 1].")
+@click.option(
+    "--duration", callback=_duration, help="Send traffic at least this long [default: until the rollout ends]."
+)
+@click.option("--retry", type=click.Choice(["none", "sdk"]), default=None, help="Client retries [default sdk].")
+@click.option("--admit-during-propagation", is_flag=True, help="Graceful side serves new requests during the wait.")
+@click.option("--grace-period", callback=_duration, help="terminationGracePeriodSeconds [default 45s; --quick 8s].")
+@click.option("--propagation-wait", callback=_duration, help="preStop propagation wait [default 3s; --quick 1s].")
+@click.option("--lb-delay", callback=_duration, help="Endpoint removal delay [default 1s; lb-delay-30s: 30s].")
+@click.option("--concurrency", type=click.IntRange(min=2), default=None, help="Clients in flight [default 56].")
+@click.option(
+    "--balancer",
+    type=click.Choice(["auto", "haproxy", "forwarder"]),
+    default="auto",
+    show_default=True,
+    help="auto: HAProxy when installed, else the embedded forwarder.",
+)
+@click.option("--skip-baseline", is_flag=True, help="Run the graceful side only.")
+@click.option("--records", type=click.Path(file_okay=False), default=None, help="Write per-request JSON lines here.")
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write both sides as JSON here.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Timeline PNG (needs matplotlib).")
+@click.option("--quick", is_flag=True, help="The reduced CI version: 2 replicas, 1 update, short streams.")
+@click.option("--seed", type=int, default=None, help="Seed for the traffic mix.")
+def rollout_command(
+    scenario: str,
+    skip_baseline: bool,
+    records: str | None,
+    report: str | None,
+    plot: str | None,
+    quick: bool,
+    **given: Any,
+) -> None:
+    """Roll N replicas of the example server behind a real L4 balancer, baseline vs graceful, under traffic."""
+    try:
+        if not given["admit_during_propagation"]:
+            given["admit_during_propagation"] = None
+        options = Options.resolve(scenario=scenario, quick=quick, **given)
+        if plot is not None:
+            from graceful._soak_report import check_plotting
+
+            check_plotting()
+    except ConfigError as exc:
+        click.echo(f"rollout: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    try:
+        outcome = asyncio.run(_run(options, skip_baseline, records))
+    except RuntimeError as exc:
+        click.echo(f"rollout: the demo could not run: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    except KeyboardInterrupt:
+        click.echo("rollout: interrupted; every replica and the balancer were stopped", err=True)
+        sys.exit(130)
+    baseline, graceful, log_dir = outcome
+    base = side_summary(baseline, options) if baseline is not None else None
+    grace = side_summary(graceful, options)
+    click.echo("")
+    click.echo(render(base, grace, options))
+    broken = expectations(grace, options)
+    if broken:
+        click.echo(f"graceful: FAILED its promise for {scenario}: {', '.join(broken)} (replica logs in {log_dir})")
+    else:
+        click.echo(f"graceful: kept its promise for {scenario}.")
+    if report is not None:
+        with open(report, "w", encoding="utf-8") as out:
+            json.dump({"scenario": scenario, "baseline": base, "graceful": grace, "broken": broken}, out, indent=2)
+    if plot is not None:
+        from graceful._soak_report import write_plot
+
+        write_plot(graceful.report, plot)
+        if baseline is not None:
+            stem, ext = os.path.splitext(plot)
+            write_plot(baseline.report, f"{stem}-baseline{ext or '.png'}")
+    sys.exit(EXIT_BROKEN if broken else EXIT_OK)
+
+
+async def _run(options: Options, skip_baseline: bool, records: str | None) -> tuple[SideResult | None, SideResult, str]:
+    log_dir = tempfile.mkdtemp(prefix="graceful-rollout-")
+
+    def log(line: str) -> None:
+        click.echo(line, err=True)
+
+    baseline = None
+    if not skip_baseline:
+        log("baseline: plain uvicorn, no preStop hook")
+        baseline = await run_side(
+            "baseline", options, log_dir=log_dir, log=log, records_path=records_file(records, "baseline")
+        )
+    log("graceful: graceful run + preStop graceful drain")
+    graceful = await run_side(
+        "graceful", options, log_dir=log_dir, log=log, records_path=records_file(records, "graceful")
+    )
+    return baseline, graceful, log_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    rollout_command.main(args=argv, prog_name="python -m examples.rollout")

@@ -1,0 +1,209 @@
+"""One replica of the example server as a subprocess in its own process group: a pod.
+
+The graceful side runs ``python -m graceful run examples.server:app`` (SIGTERM drains);
+the baseline runs plain ``python -m uvicorn examples.server:app`` with no preStop.
+Both serve the same app with the same engine settings, so only the exit differs.
+SIGTERM goes to the main process only (the kubelet signals the container's PID 1);
+SIGKILL goes to the whole group (the container dies with everything in it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+
+__all__ = ["ROOT", "Kind", "Replica", "ReplicaSettings"]
+
+Kind = Literal["graceful", "baseline"]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+APP = "examples.server:app"
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """What every replica of one run shares: launcher, budget and simulated engine."""
+
+    kind: Kind
+    grace_period: float
+    propagation_wait: float
+    reserve: float | None = None
+    admit_during_propagation: bool = False
+    tokens_per_second: float = 10.0
+    slots: int = 64
+    queue_size: int = 256
+    load_delay: float = 0.5
+    ignore_term: bool = False
+    log_dir: str = field(default_factory=tempfile.gettempdir)
+
+    def environment(self, name: str, socket_dir: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "POD_NAME": name,
+            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p),
+            "GRACEFUL_SOCKET_DIR": socket_dir,
+            "GRACEFUL_GRACE_PERIOD": f"{self.grace_period:g}",
+            "GRACEFUL_EXAMPLE_TOKENS_PER_SECOND": f"{self.tokens_per_second:g}",
+            "GRACEFUL_EXAMPLE_SLOTS": str(self.slots),
+            "GRACEFUL_EXAMPLE_QUEUE_SIZE": str(self.queue_size),
+            "GRACEFUL_EXAMPLE_LOAD_DELAY": f"{self.load_delay:g}",
+            "GRACEFUL_EXAMPLE_IDEMPOTENCY_KEYS": "1000000",
+            "GRACEFUL_EXAMPLE_PROPAGATION_WAIT": f"{self.propagation_wait:g}",
+            "GRACEFUL_EXAMPLE_ADMIT_DURING_PROPAGATION": "true" if self.admit_during_propagation else "false",
+        }
+        if self.reserve is not None:
+            env["GRACEFUL_EXAMPLE_RESERVE"] = f"{self.reserve:g}"
+        return env
+
+    def command(self, port: int, socket_dir: str) -> list[str]:
+        host = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            os.environ.get("GRACEFUL_ROLLOUT_LOG_LEVEL", "warning"),
+        ]
+        if self.kind == "graceful":
+            argv = [sys.executable, "-m", "graceful", "run", APP, *host, "--socket-dir", socket_dir]
+        else:
+            argv = [sys.executable, "-m", "uvicorn", APP, *host]
+        if self.ignore_term:
+            argv = [sys.executable, "-m", "examples.rollout.ignore_term", *argv]
+        return argv
+
+
+class Replica:
+    """A running replica: its port, admin socket directory and process."""
+
+    def __init__(self, name: str, settings: ReplicaSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.port = 0
+        self.socket_dir = tempfile.mkdtemp(prefix="g-", dir="/tmp")
+        self.log_path = os.path.join(settings.log_dir, f"{name}.log")
+        self.process: asyncio.subprocess.Process | None = None
+        self.started = 0.0
+        self.exited: float | None = None
+        self.sigkilled = False
+
+    async def start(self) -> None:
+        self.port = _free_port()
+        with open(self.log_path, "ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.settings.command(self.port, self.socket_dir),
+                cwd=ROOT,
+                env=self.settings.environment(self.name, self.socket_dir),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        self.started = time.monotonic()
+
+    async def wait_started(self, timeout: float = 30.0) -> None:
+        """Poll the startup probe (``/startup`` 200) as the kubelet does, every 100 ms."""
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.port}/startup"
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.returncode is not None:
+                    raise RuntimeError(f"replica {self.name} exited with {self.returncode}; see {self.log_path}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(url)).status_code == 200:
+                        return
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"replica {self.name} failed its startup probe for {timeout:g}s; see {self.log_path}")
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
+    async def pre_stop(self, *, propagation_wait: float, timeout: float) -> int:
+        """``graceful drain`` against this replica's admin socket; returns its exit code."""
+        argv = [
+            sys.executable,
+            "-m",
+            "graceful",
+            "drain",
+            "--socket-dir",
+            self.socket_dir,
+            "--propagation-wait",
+            f"{propagation_wait:g}s",
+            "--timeout",
+            f"{timeout:g}s",
+            "--quiet",
+        ]
+        with open(self.log_path, "ab") as log:
+            hook = await asyncio.create_subprocess_exec(
+                *argv, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        try:
+            return await hook.wait()
+        finally:
+            if hook.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(hook.pid, signal.SIGKILL)
+                await hook.wait()
+
+    async def executions(self) -> dict[str, int] | None:
+        """The replica's execution count per idempotency key, or None when it cannot answer."""
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                response = await client.get(f"http://127.0.0.1:{self.port}/debug/executions")
+                response.raise_for_status()
+                return {str(key): int(value) for key, value in response.json().items()}
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    def terminate(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.sigkilled = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the exit; True if it exited."""
+        if self.process is None:
+            return True
+        try:
+            await asyncio.wait_for(self.process.wait(), max(timeout, 0.0))
+        except asyncio.TimeoutError:
+            return False
+        self.exited = self.exited or time.monotonic()
+        return True
+
+    async def stop(self) -> None:
+        """Cleanup at the end of a run, or after a failure: SIGKILL the group, never leave it behind."""
+        if self.process is not None:
+            if self.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                await self.process.wait()
+            # The wrapper or a worker may outlive the group leader's exit.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(self.socket_dir):
+                os.unlink(os.path.join(self.socket_dir, entry))
+            os.rmdir(self.socket_dir)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

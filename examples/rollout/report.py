@@ -1,0 +1,177 @@
+"""The side-by-side table: baseline and graceful, per end reason, duplicates, retries, kills and exit times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graceful._soak_report import LOSSES, REASONS
+
+from .scenarios import Options, SideResult
+
+__all__ = ["attribute_losses", "expectations", "render", "side_summary"]
+
+
+def attribute_losses(side: SideResult, window: float) -> dict[str, int]:
+    """For node loss: losses whose answer came from a lost replica, or that ended within ``window`` s of a loss."""
+    lost = [t for t in side.terminations if t.node_loss]
+    names = {t.name for t in lost}
+    counts = {"by served-by": 0, "by time": 0, "elsewhere": 0}
+    for record in side.report.records:
+        if record.reason not in LOSSES:
+            continue
+        attempt = record.history[-1] if record.history else None
+        if record.served_by in names:
+            counts["by served-by"] += 1
+        elif attempt is not None and any(t.wall_t0 - 0.5 <= attempt.end <= t.wall_t0 + window for t in lost):
+            counts["by time"] += 1
+        else:
+            counts["elsewhere"] += 1
+    return counts
+
+
+def side_summary(side: SideResult, options: Options) -> dict[str, Any]:
+    data = side.report.to_json()
+    streams = sum(1 for record in side.report.records if record.cls == "stream")
+    exits = [t.exit_seconds for t in side.terminations if t.exit_seconds is not None]
+    summary: dict[str, Any] = {
+        "kind": side.kind,
+        "balancer": side.balancer,
+        "requests": data["requests"],
+        "streams": streams,
+        "by_reason": data["by_reason"],
+        "attempts": data["attempts"],
+        "retries": data["retries"],
+        "blind_retries": data["blind_retries"],
+        "replays": data["replays"],
+        "duplicates": data["duplicates"],
+        "possible_duplicates": data["possible_duplicates"],
+        "sigkills": sum(1 for t in side.terminations if t.sigkill),
+        "node_losses": sum(1 for t in side.terminations if t.node_loss),
+        "deletions": len(side.terminations),
+        "exit_max": max(exits) if exits else None,
+        "exit_median": sorted(exits)[len(exits) // 2] if exits else None,
+        "grace_period": options.grace_period,
+        "drain_limit": side.budget_limit,
+        "prestop_max": max((t.prestop_seconds or 0.0 for t in side.terminations), default=0.0),
+        "term_to_exit_max": max(
+            (t.exit_seconds - t.sigterm for t in side.terminations if t.exit_seconds is not None and t.sigterm),
+            default=0.0,
+        ),
+        "prestop_codes": [t.prestop_code for t in side.terminations if t.prestop_code is not None],
+        "connect_errors": side.connect_errors,
+        "walkaways": side.walkaways,
+        "elapsed": round(side.report.elapsed, 1),
+        "served_by": data["served_by"],
+        "notes": side.notes,
+    }
+    if options.scenario == "node-loss":
+        summary["loss_attribution"] = attribute_losses(side, options.lb_delay + 2.0)
+    return summary
+
+
+def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
+    """What the graceful side promised in this scenario and did not keep; empty when it held."""
+    broken = []
+    reasons = graceful["by_reason"]
+    zeros = ["ambiguous", "truncated", "timeout", "http_error"]
+    if options.scenario == "node-loss":
+        zeros = []  # a lost node loses what it ran; duplicates are the promise here
+    for reason in zeros:
+        if reasons[reason]:
+            broken.append(f"{reason}={reasons[reason]}")
+    if graceful["duplicates"]:
+        broken.append(f"duplicates={graceful['duplicates']}")
+    if graceful["sigkills"] and options.scenario != "ignore-term":
+        broken.append(f"sigkills={graceful['sigkills']}")
+    if options.scenario == "ignore-term" and graceful["sigkills"] != graceful["deletions"]:
+        broken.append(f"sigkills={graceful['sigkills']} (expected one per deletion: {graceful['deletions']})")
+    failed = sum(reasons[r] for r in REASONS if r != "ok")
+    if options.scenario == "default" and options.retry == "sdk" and failed:
+        broken.append(f"failed={failed} with --retry sdk")
+    if options.admit_during_propagation and options.scenario in ("default", "strict-clients") and failed:
+        broken.append(f"failed={failed} with --admit-during-propagation")
+    if options.scenario == "strict-clients" and not options.admit_during_propagation:
+        other = failed - reasons["rejected_retryable"]
+        if other:
+            broken.append(f"{other} failure(s) other than explicit retryable 503s")
+    return broken
+
+
+def _fmt_exit(summary: dict[str, Any]) -> str:
+    if summary["exit_max"] is None:
+        return "-"
+    return f"{summary['exit_median']:.1f} / {summary['exit_max']:.1f} s"
+
+
+def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: Options) -> str:
+    """The table; a missing baseline shows as ``-``."""
+    sides = [s for s in (baseline, graceful) if s is not None]
+    rows: list[tuple[str, ...]] = [("", *(s["kind"] for s in sides))]
+
+    def row(label: str, key: Any) -> None:
+        rows.append((label, *(str(key(s)) for s in sides)))
+
+    row("requests", lambda s: s["requests"])
+    row("  of which streams", lambda s: f"{s['streams']} ({100 * s['streams'] / max(1, s['requests']):.0f}%)")
+    for reason in REASONS:
+        row(f"  {reason}", lambda s, r=reason: s["by_reason"][r])
+    row("duplicates (executed twice)", lambda s: s["duplicates"])
+    row("retries", lambda s: s["retries"])
+    row("  blind retries (maybe executed)", lambda s: s["blind_retries"])
+    row("  idempotent replays", lambda s: s["replays"])
+    row("old replicas deleted", lambda s: s["deletions"])
+    row("SIGKILLed at the grace period", lambda s: s["sigkills"])
+    if options.scenario == "node-loss":
+        row("lost without warning (node loss)", lambda s: s["node_losses"])
+        for part in ("by served-by", "by time", "elsewhere"):
+            row(f"  losses attributed {part}", lambda s, p=part: s["loss_attribution"][p])
+    row("old replica exit after T0, median / max", _fmt_exit)
+    row("  budget (grace period)", lambda s: f"{s['grace_period']:g} s")
+    row("  longest preStop / SIGTERM to exit", lambda s: f"{s['prestop_max']:.1f} / {s['term_to_exit_max']:.1f} s")
+    row("preStop drain exit codes", lambda s: _codes(s["prestop_codes"]))
+    row("balancer: failed backend connects", lambda s: s["connect_errors"])
+    if options.scenario == "client-disconnect":
+        row("clients that walked away mid-stream", lambda s: s["walkaways"])
+    row("run time", lambda s: f"{s['elapsed']} s")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        f"scenario {options.scenario}: {options.replicas} replicas, {options.updates} rolling update(s), "
+        f"retry {options.retry}, grace {options.grace_period:g}s, propagation wait {options.propagation_wait:g}s, "
+        f"balancer delay {options.lb_delay:g}s"
+        + (", admit during propagation" if options.admit_during_propagation else ""),
+        f"balancer: {graceful['balancer']}",
+        "",
+    ]
+    for r in rows:
+        lines.append("  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(r)))
+    lines.append("")
+    if baseline is not None:
+        base_failed = sum(baseline["by_reason"][r] for r in REASONS if r != "ok")
+        if base_failed == 0 and not baseline["duplicates"]:
+            lines.append("baseline: no failed request in this configuration (honest result: nothing to fix here).")
+        else:
+            lines.append(f"baseline: {base_failed} request(s) did not end ok.")
+        if baseline["blind_retries"]:
+            lines.append(
+                f"baseline: {baseline['blind_retries']} retr{'y was' if baseline['blind_retries'] == 1 else 'ies were'}"
+                " blind: sent after an attempt that may already have run."
+            )
+    for side in sides:
+        lines.extend(f"{side['kind']}: note: {note}" for note in side["notes"])
+    if graceful["connect_errors"] or (baseline and baseline["connect_errors"]):
+        lines.append(
+            "note: an L4 balancer accepts the client's connection before it connects to the replica, so a request sent "
+            "to a replica that no longer listens ends as 'ambiguous' here, where kube-proxy would show 'refused'."
+        )
+    return "\n".join(lines)
+
+
+def _codes(codes: list[int]) -> str:
+    if not codes:
+        return "-"
+    names = {0: "drained", 1: "deadline", 3: "no server"}
+    counts: dict[str, int] = {}
+    for code in codes:
+        name = names.get(code, f"exit {code}")
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{name} {count}" for name, count in counts.items())

@@ -1,0 +1,311 @@
+"""Scenarios and the run of one side: replicas, balancer, rolling updates and soak traffic together."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import anyio
+import httpx
+
+from graceful import ConfigError
+from graceful._soak import SoakConfig, run_soak
+from graceful._soak_report import RequestRecord, SoakReport
+
+from .balancer import open_balancer
+from .replica import Kind, ReplicaSettings
+from .timeline import Plan, Rollout, Termination
+
+__all__ = ["SCENARIOS", "Options", "SideResult", "records_file", "run_side"]
+
+SCENARIOS = (
+    "default",
+    "strict-clients",
+    "long-streams",
+    "ignore-term",
+    "prestop-timeout",
+    "lb-delay-30s",
+    "client-disconnect",
+    "node-loss",
+)
+Retry = Literal["none", "sdk"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything one demo run needs, with the scenario's adjustments already applied (see ``resolve``)."""
+
+    scenario: str = "default"
+    replicas: int = 3
+    updates: int = 3
+    duration: float | None = None
+    retry: Retry = "sdk"
+    admit_during_propagation: bool = False
+    grace_period: float = 45.0
+    reserve: float | None = None
+    propagation_wait: float = 3.0
+    lb_delay: float = 1.0
+    concurrency: int = 56
+    tokens_per_second: float = 10.0
+    short_tokens: int = 2
+    long_tokens: int = 10
+    stream_tokens: tuple[int, ...] = (10, 50, 200)
+    step_pause: float = 12.0
+    warmup: float = 4.0
+    load_delay: float = 1.0
+    balancer: str = "auto"
+    quick: bool = False
+    seed: int | None = None
+
+    @classmethod
+    def resolve(cls, *, scenario: str = "default", quick: bool = False, **given: Any) -> Options:
+        """Defaults, then the quick (CI) sizes, then the scenario, with what the user set winning over both."""
+        if scenario not in SCENARIOS:
+            raise ConfigError(f"--scenario: {scenario!r} is not a scenario; use one of {', '.join(SCENARIOS)}")
+        user = {key: value for key, value in given.items() if value is not None}
+        options = cls(scenario=scenario, quick=quick)
+        if quick:
+            options = replace(
+                options,
+                replicas=2,
+                updates=1,
+                grace_period=10.0,
+                reserve=2.0,
+                propagation_wait=1.0,
+                lb_delay=0.5,
+                concurrency=16,
+                tokens_per_second=20.0,
+                stream_tokens=(20, 60),
+                step_pause=0.5,
+                warmup=1.0,
+                load_delay=0.3,
+            )
+        options = replace(options, **user)
+        if scenario == "strict-clients" and "retry" not in user:
+            options = replace(options, retry="none")
+        elif scenario == "long-streams":
+            # Streams half as long again as the whole grace period: no drain can wait for them.
+            options = replace(options, stream_tokens=(int(options.tokens_per_second * options.grace_period * 1.5),))
+        elif scenario == "lb-delay-30s":
+            delay = user.get("lb_delay", 30.0)
+            # The fix the scenario teaches: a propagation wait longer than the balancer's delay,
+            # and a grace period with room for it, the longest request and the reserve.
+            wait = user.get("propagation_wait", delay + 1.0)
+            options = replace(options, lb_delay=delay, propagation_wait=wait)
+            if "grace_period" not in user:
+                room = wait + options.longest_stream + 2.0
+                grace = room + (options.reserve if options.reserve is not None else max(10.0, 0.5 * room))
+                options = replace(options, grace_period=grace)
+        options.check()
+        return options
+
+    def check(self) -> None:
+        if self.replicas < 1 or self.updates < 1:
+            raise ConfigError(f"--replicas {self.replicas!r} and --updates {self.updates!r} must both be 1 or more")
+        if self.concurrency < 2:
+            raise ConfigError(f"--concurrency: {self.concurrency!r} is below 2; use 2 or more")
+        if self.grace_period <= 0:
+            raise ConfigError(f"--grace-period: {self.grace_period!r} must be above 0, e.g. 30s")
+        if self.reserve is not None and self.reserve >= self.grace_period:
+            raise ConfigError(f"reserve {self.reserve!r} is not below --grace-period {self.grace_period!r}")
+
+    @property
+    def longest_stream(self) -> float:
+        return max(self.stream_tokens) / self.tokens_per_second
+
+    def settings(self, kind: Kind, log_dir: str) -> ReplicaSettings:
+        return ReplicaSettings(
+            kind=kind,
+            grace_period=self.grace_period,
+            propagation_wait=self.propagation_wait,
+            reserve=self.reserve,
+            admit_during_propagation=self.admit_during_propagation,
+            tokens_per_second=self.tokens_per_second,
+            load_delay=self.load_delay,
+            ignore_term=self.scenario == "ignore-term",
+            log_dir=log_dir,
+        )
+
+    def plan(self, kind: Kind) -> Plan:
+        return Plan(
+            replicas=self.replicas,
+            updates=self.updates,
+            lb_delay=self.lb_delay,
+            step_pause=self.step_pause,
+            prestop=kind == "graceful",
+            prestop_hang=self.scenario == "prestop-timeout",
+            node_loss=self.scenario == "node-loss",
+        )
+
+    def traffic(self, url: str) -> list[SoakConfig]:
+        """Short/long requests plus one closed loop per stream length, sharing ``concurrency``."""
+        streams = len(self.stream_tokens)
+        plain = max(1, self.concurrency // 2)
+        per_stream = max(1, (self.concurrency - plain) // streams)
+        timeout = self.longest_stream * 2 + 15
+        common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout}
+        configs = [
+            SoakConfig(
+                concurrency=plain,
+                mix={"short": 60, "long": 40, "stream": 0},
+                lengths={"short": self.short_tokens, "long": self.long_tokens},
+                seed=self.seed,
+                **common,  # type: ignore[arg-type]
+            )
+        ]
+        # Shorter streams get more of the workers, so every length is well represented.
+        weights = [1.0 / (i + 1) for i in range(streams)]
+        share = self.concurrency - plain
+        for tokens, weight in zip(sorted(self.stream_tokens), weights):
+            workers = max(1, round(share * weight / sum(weights))) if streams > 1 else max(1, per_stream)
+            configs.append(
+                SoakConfig(
+                    concurrency=workers,
+                    mix={"short": 0, "long": 0, "stream": 1},
+                    lengths={"stream": tokens},
+                    seed=self.seed,
+                    **common,  # type: ignore[arg-type]
+                )
+            )
+        return configs
+
+
+@dataclass
+class SideResult:
+    """One side of the table: its soak report and what happened to each old replica."""
+
+    kind: Kind
+    balancer: str
+    report: SoakReport
+    terminations: list[Termination]
+    budget_limit: float
+    connect_errors: int
+    walkaways: int = 0
+    lost_executions: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+async def run_side(
+    kind: Kind,
+    options: Options,
+    *,
+    log_dir: str,
+    log: Callable[[str], None] = print,
+    records_path: str | None = None,
+) -> SideResult:
+    """Start the replicas and the balancer, run traffic through ``updates`` rolling updates, stop everything."""
+    async with open_balancer(options.balancer, slots=options.replicas * (options.updates + 1) + 2) as balancer:
+        rollout = Rollout(balancer, options.settings(kind, log_dir), options.plan(kind), log=log)
+        try:
+            await rollout.start()
+            log(f"{kind}: {options.replicas} replicas ready behind {balancer.name} on port {balancer.port}")
+            url = f"http://127.0.0.1:{balancer.port}"
+            stop = anyio.Event()
+            records: list[RequestRecord] = []
+            sink = open(records_path, "w", encoding="utf-8") if records_path else None
+
+            def keep(record: RequestRecord) -> None:
+                records.append(record)
+                if sink is not None:
+                    sink.write(json.dumps(record.to_json()) + "\n")
+
+            started, t0 = time.time(), time.monotonic()
+            walkaways = 0
+            try:
+                async with anyio.create_task_group() as tg:
+                    for config in options.traffic(url):
+                        tg.start_soon(_soak, config, stop, keep)
+                    if options.scenario == "client-disconnect":
+
+                        async def walk() -> None:
+                            nonlocal walkaways
+                            walkaways = await _walk_away(url, stop, options)
+
+                        tg.start_soon(walk)
+                    await anyio.sleep(options.warmup)
+                    await rollout.roll()
+                    tail = max(1.0, options.warmup / 2)
+                    remaining = (options.duration or 0) - (time.monotonic() - t0)
+                    await anyio.sleep(max(tail, remaining))
+                    stop.set()
+            finally:
+                if sink is not None:
+                    sink.close()
+            executions, lost = await _executions(rollout)
+        finally:
+            await rollout.close()
+        notes = []
+        if lost:
+            notes.append(f"execution counts of {lost} SIGKILLed replica(s) died with them")
+        report = SoakReport(
+            url=url,
+            started=started,
+            elapsed=time.monotonic() - t0,
+            records=sorted(records, key=lambda r: r.start),
+            settings={"scenario": options.scenario, "retry": options.retry},
+            executions=executions,
+            notes=notes,
+        )
+        return SideResult(
+            kind=kind,
+            balancer=balancer.name,
+            report=report,
+            terminations=rollout.terminations,
+            budget_limit=rollout.budget.limit,
+            connect_errors=await balancer.backend_connect_errors(),
+            walkaways=walkaways,
+            lost_executions=lost,
+            notes=notes,
+        )
+
+
+async def _soak(config: SoakConfig, stop: anyio.Event, keep: Callable[[RequestRecord], None]) -> None:
+    await run_soak(config, stop=stop, on_record=keep)
+
+
+async def _executions(rollout: Rollout) -> tuple[dict[str, int] | None, int]:
+    """Execution counts per idempotency key summed over every replica that ever ran."""
+    total: dict[str, int] = {}
+    lost = 0
+    sources = [t.executions for t in rollout.terminations]
+    sources.append(await rollout.executions())
+    for counts in sources:
+        if counts is None:
+            lost += 1
+            continue
+        for key, count in counts.items():
+            total[key] = total.get(key, 0) + count
+    return total, lost
+
+
+async def _walk_away(url: str, stop: anyio.Event, options: Options) -> int:
+    """Clients that open a stream, read a few events and leave: they must cost the server nothing."""
+    left = 0
+    body = {"model": "default", "messages": [{"role": "user", "content": "walk"}], "stream": True}
+    body["max_tokens"] = int(options.tokens_per_second * options.longest_stream)
+    async with httpx.AsyncClient(timeout=10.0, headers={"user-agent": "graceful-rollout-walkaway"}) as client:
+        while not stop.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                    events = 0
+                    async for line in response.aiter_lines():
+                        events += line.startswith("data:")
+                        if events >= 3:
+                            break
+                    if events >= 3:
+                        left += 1
+            await anyio.sleep(0.2)
+    return left
+
+
+def records_file(directory: str | None, kind: Kind) -> str | None:
+    """Where ``--records DIR`` puts one side's JSON lines."""
+    if directory is None:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, f"{kind}.jsonl")

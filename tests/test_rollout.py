@@ -1,0 +1,158 @@
+"""The rolling-update demo: balancer control, the kube-proxy fallback, and a reduced end-to-end run."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator
+
+import pytest
+from click.testing import CliRunner
+
+from examples.rollout.balancer import Forwarder, HAProxy, find_haproxy, open_balancer
+from examples.rollout.cli import rollout_command
+from examples.rollout.report import expectations, render, side_summary
+from examples.rollout.scenarios import Options, run_side
+from graceful import ConfigError
+
+pytestmark = pytest.mark.anyio
+
+needs_haproxy = pytest.mark.skipif(find_haproxy() is None, reason="haproxy is not installed")
+
+
+async def _backend(name: str) -> tuple[asyncio.Server, int]:
+    """A line server that answers every line with its own name, so a client can tell who it reached."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline():
+            writer.write(name.encode() + b"\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, int(server.sockets[0].getsockname()[1])
+
+
+async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+    writer.write(b"who\n")
+    await writer.drain()
+    return (await asyncio.wait_for(reader.readline(), 5)).decode().strip()
+
+
+async def _switch(kind: str) -> AsyncIterator[tuple[str, list[str], str]]:
+    """1. only a is listed, a connection opens to it 2. b is added, a removed 3. new connections and the old one."""
+    a, port_a = await _backend("a")
+    b, port_b = await _backend("b")
+    try:
+        async with open_balancer(kind) as balancer:
+            await balancer.add("a", port_a)
+            reader, writer = await asyncio.open_connection("127.0.0.1", balancer.port)
+            first = await _ask(reader, writer)
+            await balancer.add("b", port_b)
+            await balancer.remove("a")
+            fresh = []
+            for _ in range(4):
+                r, w = await asyncio.open_connection("127.0.0.1", balancer.port)
+                fresh.append(await _ask(r, w))
+                w.close()
+            again = await _ask(reader, writer)
+            writer.close()
+            yield first, fresh, again + "|" + balancer.name
+    finally:
+        a.close()
+        b.close()
+
+
+@needs_haproxy
+async def test_haproxy_runtime_api_moves_new_connections_and_keeps_old_ones() -> None:
+    async for first, fresh, again in _switch("haproxy"):
+        assert first == "a"
+        assert fresh == ["b"] * 4
+        served, name = again.split("|")
+        assert served == "a"  # maint: no new sessions, the established one untouched
+        assert name.startswith("haproxy ")
+
+
+async def test_forwarder_moves_new_connections_and_keeps_old_ones() -> None:
+    async for first, fresh, again in _switch("forwarder"):
+        assert (first, fresh, again) == ("a", ["b"] * 4, "a|asyncio forwarder")
+
+
+async def test_forwarder_round_robin_and_dead_endpoint() -> None:
+    """1. two endpoints listed 2. four connections alternate 3. a dead endpoint closes the client and is counted."""
+    a, port_a = await _backend("a")
+    b, port_b = await _backend("b")
+    forwarder = Forwarder()
+    await forwarder.start()
+    try:
+        await forwarder.add("a", port_a)
+        await forwarder.add("b", port_b)
+        seen = []
+        for _ in range(4):
+            reader, writer = await asyncio.open_connection("127.0.0.1", forwarder.port)
+            seen.append(await _ask(reader, writer))
+            writer.close()
+        assert sorted(seen) == ["a", "a", "b", "b"]
+        b.close()
+        await b.wait_closed()
+        await forwarder.remove("a")
+        reader, writer = await asyncio.open_connection("127.0.0.1", forwarder.port)
+        writer.write(b"who\n")
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        assert await forwarder.backend_connect_errors() == 1
+    finally:
+        a.close()
+        await forwarder.close()
+
+
+@needs_haproxy
+async def test_haproxy_config_never_shuts_sessions_down() -> None:
+    with tempfile.TemporaryDirectory(prefix="g-", dir="/tmp") as directory:
+        config = HAProxy("/usr/sbin/haproxy", directory, slots=3).config()
+    assert "mode tcp" in config and "retries 0" in config
+    assert "shutdown-sessions" not in config and "redispatch" not in config
+    assert config.count("disabled") == 3
+
+
+def test_options_resolve_and_reject() -> None:
+    quick = Options.resolve(quick=True)
+    assert (quick.replicas, quick.updates, quick.retry) == (2, 1, "sdk")
+    assert Options.resolve(scenario="strict-clients", quick=True).retry == "none"
+    long = Options.resolve(scenario="long-streams", quick=True)
+    assert long.longest_stream > long.grace_period
+    delayed = Options.resolve(scenario="lb-delay-30s", lb_delay=4.0, quick=True)
+    assert delayed.propagation_wait > delayed.lb_delay
+    assert delayed.grace_period - (delayed.reserve or 0) > delayed.propagation_wait + delayed.longest_stream
+    with pytest.raises(ConfigError, match="'nope' is not a scenario"):
+        Options.resolve(scenario="nope")
+
+
+def test_cli_bad_duration_is_one_line() -> None:
+    result = CliRunner().invoke(rollout_command, ["--grace-period", "soon"])
+    assert result.exit_code == 2
+    assert "'soon' is not a duration" in result.output
+    assert "Traceback" not in result.output
+
+
+async def test_quick_rollout_graceful_loses_nothing() -> None:
+    """1. baseline: plain uvicorn, no preStop 2. graceful: graceful run + preStop drain, same traffic
+    3. the graceful side has no ambiguous, truncated or duplicated request and no SIGKILL
+    4. the baseline ran through the same rollout and shows in the table."""
+    options = Options.resolve(quick=True, seed=7)
+    with tempfile.TemporaryDirectory(prefix="g-logs-") as logs:
+        baseline = await run_side("baseline", options, log_dir=logs, log=lambda line: None)
+        graceful = await run_side("graceful", options, log_dir=logs, log=lambda line: None)
+    base, grace = side_summary(baseline, options), side_summary(graceful, options)
+    assert grace["requests"] > 50 and grace["streams"] > 0
+    assert grace["deletions"] == options.replicas * options.updates
+    for reason in ("ambiguous", "truncated", "timeout", "http_error"):
+        assert grace["by_reason"][reason] == 0, (reason, grace)
+    assert grace["duplicates"] == 0 and grace["sigkills"] == 0
+    assert grace["exit_max"] < options.grace_period
+    assert grace["prestop_codes"] == [0] * grace["deletions"]
+    assert expectations(grace, options) == []
+    assert base["requests"] > 50 and base["deletions"] == grace["deletions"]
+    assert base["prestop_codes"] == []
+    table = render(base, grace, options)
+    assert "baseline" in table and "graceful" in table and "SIGKILLed" in table
