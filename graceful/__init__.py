@@ -1,7 +1,19 @@
-from ._budget import Budget, ConfigError, parse_duration
-from ._frames import default_final_frame
-from ._middleware import GracefulMiddleware
-from ._state import Drain, DrainResult, DrainStatus, NotAccepting, State
+"""graceful: lossless rolling updates for LLM inference servers.
+
+Names are imported on first use, so ``graceful drain`` (a preStop hook, whose time
+counts against the grace period) does not pay for the middleware and metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._budget import Budget, ConfigError, parse_duration
+    from ._frames import default_final_frame
+    from ._middleware import GracefulMiddleware
+    from ._state import Drain, DrainResult, DrainStatus, NotAccepting, State
 
 __version__ = "0.1.0"
 
@@ -17,3 +29,29 @@ __all__ = [
     "default_final_frame",
     "parse_duration",
 ]
+
+_HOMES = {
+    "Budget": "._budget",
+    "ConfigError": "._budget",
+    "parse_duration": "._budget",
+    "default_final_frame": "._frames",
+    "GracefulMiddleware": "._middleware",
+    "Drain": "._state",
+    "DrainResult": "._state",
+    "DrainStatus": "._state",
+    "NotAccepting": "._state",
+    "State": "._state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'graceful' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

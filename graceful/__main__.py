@@ -1,5 +1,3 @@
-import sys
+from ._cli import console_main
 
-from ._cli import main
-
-sys.exit(main())
+console_main()

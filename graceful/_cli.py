@@ -7,6 +7,8 @@ Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 import time
 from typing import Any, NoReturn
@@ -90,15 +92,8 @@ def drain_command(
     """Drain every worker and wait until nothing is in flight (for a preStop hook)."""
     if socket_dir and socket:
         _fail(ctx, "use --socket-dir or --socket, not both")
-    if grace_period is not None:
-        # The preStop hook shares terminationGracePeriodSeconds with everything after it:
-        # the drain gets grace_period - reserve at most (the same rule as the server's).
-        try:
-            budget = Budget.resolve(grace_period=grace_period, drain_timeout=timeout)
-        except ConfigError as exc:
-            _fail(ctx, str(exc))
-        timeout = budget.limit
-    if engine is not None or metrics_url is not None:
+    if engine is not None or metrics_url is not None or metrics:
+        # Engine mode has its own budget rule (70% of the grace period), so it gets the raw options.
         from ._engine import run_engine_drain
 
         ctx.exit(
@@ -116,6 +111,14 @@ def drain_command(
                 json_output=json_output,
             )
         )
+    if grace_period is not None:
+        # The preStop hook shares terminationGracePeriodSeconds with everything after it:
+        # the drain gets grace_period - reserve at most (the same rule as the server's).
+        try:
+            budget = Budget.resolve(grace_period=grace_period, drain_timeout=timeout)
+        except ConfigError as exc:
+            _fail(ctx, str(exc))
+        timeout = budget.limit
     started = time.monotonic()
 
     def progress(workers: list[WorkerDrain]) -> None:
@@ -249,7 +252,13 @@ def run_command(ctx: click.Context, /, app: str, workers: int, log_level: str, *
     ctx.exit(code)
 
 
-# --- soak and demo commands are registered here (issue owner adds them) ---
+def _add_soak() -> None:
+    from ._soak import soak_command
+
+    cli.add_command(soak_command)
+
+
+_add_soak()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,5 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+def console_main() -> NoReturn:
+    """The ``graceful`` console script: exit as soon as the work is done.
+
+    A preStop hook's time counts against the grace period, and interpreter teardown
+    (collecting every imported module) measured hundreds of ms on a busy node; the
+    answer is already printed by then, so skip it.
+    """
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import TaskGroup
+import anyio.abc
 
 from ._types import Message, Receive, Scope, Send
 
@@ -23,6 +23,7 @@ logger = logging.getLogger("graceful")
 async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
     drain = mw.drain
     startup_seen = False
+    services = _Services(mw)
 
     async with anyio.create_task_group() as tg:
 
@@ -31,9 +32,7 @@ async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 startup_seen = True
-                await _start_admin(mw, tg)
-                if mw.mirror is not None:
-                    tg.start_soon(_mirror_loop, mw)
+                await tg.start(services.run)
             return message
 
         async def wrapped_send(message: Message) -> None:
@@ -41,24 +40,57 @@ async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send:
             if kind == "lifespan.startup.complete":
                 if mw.ready_on_startup:
                     drain.mark_serving()
-            elif kind == "lifespan.shutdown.complete":
-                drain.mark_stopped()
-            elif kind == "lifespan.startup.failed":
-                drain.mark_stopped("startup failed")
+            elif kind in ("lifespan.shutdown.complete", "lifespan.startup.failed"):
+                drain.mark_stopped("shutdown" if kind == "lifespan.shutdown.complete" else "startup failed")
+                # Close the admin socket before the server hears we are done: servers stop
+                # their loop right after this message and would cancel us mid-cleanup.
+                await services.stop()
             await send(message)
 
         try:
-            try:
-                await mw.app(scope, wrapped_receive, wrapped_send)
-            except Exception:
-                if startup_seen:
-                    raise
-                # The app does not speak lifespan (it raised before reading startup):
-                # run the protocol ourselves so the state machine still moves.
-                logger.info("the wrapped app does not support lifespan; graceful handles it")
-                await _own_lifespan(wrapped_receive, wrapped_send)
+            await mw.app(scope, wrapped_receive, wrapped_send)
+        except Exception:
+            if startup_seen:
+                raise
+            # The app does not speak lifespan (it raised before reading startup):
+            # run the protocol ourselves so the state machine still moves.
+            logger.info("the wrapped app does not support lifespan; graceful handles it")
+            await _own_lifespan(wrapped_receive, wrapped_send)
         finally:
-            tg.cancel_scope.cancel()
+            await services.stop()
+
+
+class _Services:
+    """What lives for the lifespan of the process: the admin listener and the metrics mirror."""
+
+    def __init__(self, mw: GracefulMiddleware) -> None:
+        self.mw = mw
+        self.scope = anyio.CancelScope()
+        self.stopped = anyio.Event()
+        self.running = False
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        mw = self.mw
+        self.running = True
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as tg:
+                    if mw.admin:
+                        from ._admin import AdminServer
+
+                        server = AdminServer(mw.drain, socket_dir=mw.socket_dir, socket_mode=mw.socket_mode)
+                        await tg.start(server.serve)
+                        mw.admin_server = server
+                    if mw.mirror is not None:
+                        tg.start_soon(_mirror_loop, mw)
+                    task_status.started()
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        if self.running:
+            self.scope.cancel()
+            await self.stopped.wait()
 
 
 async def _own_lifespan(receive: Receive, send: Send) -> None:
@@ -75,13 +107,3 @@ async def _mirror_loop(mw: GracefulMiddleware) -> None:
     while True:
         await anyio.sleep(1.0)
         mw.mirror.sync()
-
-
-async def _start_admin(mw: GracefulMiddleware, tg: TaskGroup) -> None:
-    if not mw.admin:
-        return
-    from ._admin import AdminServer
-
-    server = AdminServer(mw.drain, socket_dir=mw.socket_dir, socket_mode=mw.socket_mode)
-    await tg.start(server.serve)
-    mw.admin_server = server

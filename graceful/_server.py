@@ -224,7 +224,8 @@ def _warn_conflicts(app: GracefulMiddleware, options: dict[str, Any], explicit: 
         "drain_timeout": budget.drain_timeout,
         "propagation_wait": budget.propagation_wait,
         "admit_during_propagation": app.drain.admit_during_propagation,
-        "socket_dir": app.socket_dir,
+        # None means "the default", which the launcher points at --socket-dir through the env.
+        "socket_dir": app.socket_dir if app.socket_dir is not None else options.get("socket_dir"),
     }
     for name in sorted(explicit):
         if name in current and options.get(name) != current[name]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -182,7 +181,6 @@ def test_drain_command_embeds_in_another_cli(served: Served) -> None:
     assert served.mw.drain.state is State.DRAINING
 
 
-@pytest.mark.skipif(importlib.util.find_spec("graceful._engine") is None, reason="graceful._engine not written yet")
 def test_engine_mode_dispatches_to_engine_drain() -> None:
     port = free_port()  # nothing listens there
     result = invoke(
@@ -200,6 +198,27 @@ def test_engine_mode_dispatches_to_engine_drain() -> None:
     # Only the engine drain reads metrics URLs: seeing ours in the output proves the dispatch.
     assert f"127.0.0.1:{port}/metrics" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_metric_alone_means_engine_mode_and_asks_for_the_url() -> None:
+    result = invoke("drain", "--metric", "vllm:num_requests_running")
+    assert result.exit_code == 2
+    assert "url" in result.output.lower()
+
+
+def test_engine_mode_gets_the_70_percent_rule_not_the_server_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    import graceful._engine
+
+    seen: dict[str, object] = {}
+
+    def fake_engine_drain(**options: object) -> int:  # records what the CLI hands over, nothing else
+        seen.update(options)
+        return 0
+
+    monkeypatch.setattr(graceful._engine, "run_engine_drain", fake_engine_drain)
+    result = invoke("drain", "--engine", "vllm", "--grace-period", "30", "--timeout", "25s")
+    assert result.exit_code == 0, result.output
+    assert seen["timeout"] == 25.0 and seen["grace_period"] == 30.0
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

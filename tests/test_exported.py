@@ -1,0 +1,47 @@
+"""The public surface is a contract: benchmarks, users' code and outside checks import these names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import graceful
+
+
+def test_exported_members() -> None:
+    assert sorted(graceful.__all__) == [
+        "Budget",
+        "ConfigError",
+        "Drain",
+        "DrainResult",
+        "DrainStatus",
+        "GracefulMiddleware",
+        "NotAccepting",
+        "State",
+        "default_final_frame",
+        "parse_duration",
+    ]
+    for name in graceful.__all__:
+        member = getattr(graceful, name)
+        assert getattr(member, "__module__", "graceful").startswith("graceful")
+    assert set(graceful.__all__) <= set(dir(graceful))
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="Drian"):
+        graceful.Drian
+
+
+def test_public_modules() -> None:
+    from graceful import cli, engine
+
+    assert callable(cli.main) and cli.drain_command.name == "drain"
+    assert callable(engine.wait_idle)
+
+
+def test_the_drain_command_does_not_import_the_middleware() -> None:
+    code = "import sys, graceful._cli; print('graceful._middleware' in sys.modules, 'prometheus_client' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
