@@ -168,7 +168,11 @@ def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
         elif result.get("result") == "drained":
             lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s")
         else:
-            lines.append(f"{name}: {result.get('result')} with {result.get('in_flight', 0)} in flight")
+            ended = result.get("truncated", 0)
+            lines.append(
+                f"{name}: {result.get('result')} with {result.get('in_flight', 0)} in flight; "
+                f"{ended} ended at the deadline (streams got a final retryable error event)"
+            )
             lines.extend(f"  left: {item}" for item in result.get("leftover") or [])
     drained = sum(1 for w in workers if w.result is not None and w.result.get("result") == "drained")
     lines.append(f"drained {drained} of {len(workers)} worker{'s' if len(workers) != 1 else ''} in {elapsed:.1f} s")

@@ -203,7 +203,7 @@ def test_deadline_exit_1_with_leftover(launch: Callable[..., Launched]) -> None:
     out, err = drain.communicate(timeout=15)
     assert drain.returncode == 1, err
     pid = server.process.pid
-    assert f"worker {pid}: timeout with 1 in flight" in err
+    assert f"worker {pid}: timeout with 1 in flight; 1 ended at the deadline" in err
     assert "left: " in err and "/stream" in err
     server.process.send_signal(signal.SIGTERM)
     assert server.wait_exit(5) == 0
