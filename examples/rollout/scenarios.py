@@ -14,8 +14,7 @@ import anyio
 import httpx
 
 from graceful import ConfigError
-from graceful._soak import SoakConfig, run_soak
-from graceful._soak_report import RequestRecord, SoakReport
+from graceful.soak import RequestRecord, SoakConfig, SoakReport, run_soak
 
 from .balancer import open_balancer
 from .replica import Kind, ReplicaSettings

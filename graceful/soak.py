@@ -1,0 +1,6 @@
+"""The load generator behind ``graceful soak``, for use from Python (the rollout demo uses it)."""
+
+from ._soak import SoakConfig, run_soak, soak_command
+from ._soak_report import Attempt, RequestRecord, SoakReport
+
+__all__ = ["Attempt", "RequestRecord", "SoakConfig", "SoakReport", "run_soak", "soak_command"]
