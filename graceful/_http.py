@@ -52,7 +52,7 @@ def request_id(mw: GracefulMiddleware, scope: Scope) -> bytes:
     for name, value in scope["headers"]:
         if name == wanted:
             return bytes(value)
-    return mw.next_request_id().encode()
+    return mw.next_request_id()
 
 
 async def reject(mw: GracefulMiddleware, scope: Scope, send: Send, reason: str) -> None:
@@ -84,7 +84,7 @@ class Call:
         self.scope = scope
         self._receive = receive
         self._send = send
-        self.task = asyncio.current_task() if mw.is_asyncio() else None
+        self.task = mw.current_task()
         self.cancel_scope: anyio.CancelScope | None = None
         self.started = False
         self.headers: list[tuple[bytes, bytes]] = []
@@ -136,20 +136,17 @@ class Call:
                 self.finish(COMPLETED)
             return
         if kind == "http.response.start":
-            message = self.start(message)
+            self.started = True
+            mw = self.mw
+            headers = list(message.get("headers", ()))
+            if mw.request_id_header is not None:
+                headers.append((mw.request_id_header, request_id(mw, self.scope)))
+            if mw.drain._state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
+                # Keep-alive clients and balancers must stop reusing this connection.
+                headers.append((b"connection", b"close"))
+            self.headers = headers
+            message = {**message, "headers": headers}
         await self._send(message)
-
-    def start(self, message: Message) -> Message:
-        self.started = True
-        mw = self.mw
-        headers = list(message.get("headers", ()))
-        if mw.request_id_header is not None:
-            headers.append((mw.request_id_header, request_id(mw, self.scope)))
-        if mw.drain._state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
-            # Keep-alive clients and balancers must stop reusing this connection.
-            headers.append((b"connection", b"close"))
-        self.headers = headers
-        return {**message, "headers": headers}
 
     def content_type(self) -> bytes:
         for name, value in self.headers:

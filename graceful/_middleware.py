@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -98,8 +99,10 @@ class GracefulMiddleware:
         self.retry_after = str(retry_after).encode()
         self.request_id_header = request_id_header.lower().encode() if request_id_header else None
         self._ids = itertools.count(1)
-        self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-"
-        self._asyncio: bool | None = None
+        self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
+        # How to find the task that runs a request, so the deadline can cancel it; chosen
+        # on the first request, when we know which event loop runs us.
+        self.current_task: Callable[[], asyncio.Task[Any] | None] = self._detect_loop
         self.admin_server: Any = None  # the AdminServer, once lifespan startup has run
         self.mirror: Any = None  # a MultiprocessMirror, in prometheus-client's multi-process mode
 
@@ -142,16 +145,16 @@ class GracefulMiddleware:
             return await lifespan(self, scope, receive, send)
         await self.app(scope, receive, send)
 
-    def next_request_id(self) -> str:
-        return self._id_prefix + str(next(self._ids))
+    def next_request_id(self) -> bytes:
+        return b"%b%d" % (self._id_prefix, next(self._ids))
 
-    def is_asyncio(self) -> bool:
-        """Which event loop runs us, found once: asyncio tasks are cancelled directly at the deadline."""
-        if self._asyncio is None:
-            import sniffio
+    def _detect_loop(self) -> asyncio.Task[Any] | None:
+        # asyncio tasks are cancelled directly at the deadline; other loops (trio) get a
+        # cancel scope per request instead.
+        import sniffio
 
-            self._asyncio = sniffio.current_async_library() == "asyncio"
-        return self._asyncio
+        self.current_task = asyncio.current_task if sniffio.current_async_library() == "asyncio" else _no_task
+        return self.current_task()
 
     async def _refuse(self, scope: Scope, send: Send, reason: str) -> None:
         self.drain._reject(reason)
@@ -192,6 +195,10 @@ class GracefulMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _no_task() -> None:
+    return None
 
 
 _REFUSAL = {

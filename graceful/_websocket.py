@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -49,14 +48,13 @@ async def _drop(message: Message) -> None:
 
 
 class _Socket:
-    __slots__ = ("mw", "scope", "_receive", "_send", "task", "cancel_scope", "accepted", "open", "t0")
+    __slots__ = ("mw", "scope", "_receive", "_send", "cancel_scope", "accepted", "open", "t0")
 
     def __init__(self, mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
         self.mw = mw
         self.scope = scope
         self._receive = receive
         self._send = send
-        self.task = asyncio.current_task() if mw.is_asyncio() else None
         self.cancel_scope: anyio.CancelScope | None = None
         self.accepted = False
         self.open = True

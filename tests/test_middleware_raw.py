@@ -494,3 +494,28 @@ def test_unknown_option_is_refused_clearly() -> None:
         GracefulMiddleware(app, max_in_flight=0, registry=CollectorRegistry())
     with pytest.raises(ValueError, match="retry_after"):
         GracefulMiddleware(app, retry_after=-1, registry=CollectorRegistry())
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_deadline_on_trio_uses_a_cancel_scope(anyio_backend: str) -> None:
+    cancelled = False
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal cancelled
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
+
+    mw = make(app)
+    rec = Recorder(mw.drain)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, http_scope(), no_body, rec)
+        await anyio.wait_all_tasks_blocked()
+        result = await mw.drain.drain(timeout=0.05)
+    assert cancelled and result.truncated == 1
+    assert json.loads(rec.messages[1]["body"][len(b"data: ") :])["error"]["type"] == "server_shutdown"
+    assert rec.messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert mw.drain.in_flight == 0
