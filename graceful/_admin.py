@@ -81,12 +81,38 @@ def is_listening(path: str) -> bool:
         return True
 
 
+def _pid_alive(name: str) -> bool:
+    """Whether the process a ``<pid>.sock`` is named after still runs (and is not us)."""
+    try:
+        pid = int(name[: -len(".sock")])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
 def remove_stale(socket_dir: str) -> list[str]:
-    """Delete ``*.sock`` files nobody listens on (left by a killed process); return them."""
+    """Delete ``*.sock`` files left by a process that is gone; return them.
+
+    Nothing listening is not enough: a sibling worker that has bound its socket but not
+    yet called listen() refuses connections too, so the named process must be gone.
+    """
     removed = []
     for name in os.listdir(socket_dir):
         path = os.path.join(socket_dir, name)
-        if name.endswith(".sock") and stat.S_ISSOCK(os.lstat(path).st_mode) and not is_listening(path):
+        if (
+            name.endswith(".sock")
+            and stat.S_ISSOCK(os.lstat(path).st_mode)
+            and not _pid_alive(name)
+            and not is_listening(path)
+        ):
             try:
                 os.unlink(path)
             except FileNotFoundError:  # another worker removed it first

@@ -32,12 +32,19 @@ async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 startup_seen = True
-                await tg.start(services.run)
             return message
 
         async def wrapped_send(message: Message) -> None:
             kind = message["type"]
             if kind == "lifespan.startup.complete":
+                try:
+                    await tg.start(services.run)
+                except Exception as exc:
+                    # Fail the server's startup loudly (it exits) rather than serve without
+                    # the admin socket that the preStop hook needs.
+                    drain.mark_stopped("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": f"graceful: {exc}"})
+                    return
                 if mw.ready_on_startup:
                     drain.mark_serving()
             elif kind in ("lifespan.shutdown.complete", "lifespan.startup.failed"):

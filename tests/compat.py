@@ -70,7 +70,12 @@ def start(name: str, socket_dir: str, *, target: str = "tests.apps_compat:app", 
         yield server
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+            # SIGTERM first, so workers exit normally (and write their coverage data).
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
         out, _ = process.communicate(timeout=10)
         server.log.append(out.decode(errors="replace"))
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -14,12 +16,13 @@ from dataclasses import dataclass
 import anyio
 import httpx
 import pytest
+import uvicorn
 from prometheus_client import CollectorRegistry
 
 from graceful import ConfigError, Drain, GracefulMiddleware, State
 from graceful._admin import AdminServer, prepare_socket_dir, socket_path
 from tests.apps_streaming import app as streaming_app
-from tests.utils import run_uvicorn
+from tests.utils import free_port, run_uvicorn
 
 pytestmark = pytest.mark.anyio
 
@@ -343,6 +346,34 @@ async def test_stale_socket_removed_and_live_one_kept(socket_dir: str) -> None:
             assert not os.path.exists(stale)
             assert os.path.exists(live_path)
             tg.cancel_scope.cancel()
+
+
+async def test_sibling_socket_not_yet_listening_is_kept(socket_dir: str) -> None:
+    """A sibling worker binds before it listens: between the two it refuses connections
+    like a stale socket, but its process is alive, so it must not be removed."""
+    sibling = os.path.join(socket_dir, f"{os.getppid()}.sock")
+    with socket.socket(socket.AF_UNIX) as starting:
+        starting.bind(sibling)
+        admin = AdminServer(Drain(grace_period=6, reserve=1), socket_dir=socket_dir)
+        async with anyio.create_task_group() as tg:
+            await tg.start(admin.serve)
+            assert os.path.exists(sibling)
+            tg.cancel_scope.cancel()
+
+
+async def test_admin_failure_fails_the_server_startup(socket_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A server without its admin socket could not be drained by the preStop hook: uvicorn
+    must refuse to start, with our message, instead of serving half-configured."""
+    mw = GracefulMiddleware(streaming_app, socket_dir=os.path.join(socket_dir, "d" * 110), registry=CollectorRegistry())
+    config = uvicorn.Config(mw, host="127.0.0.1", port=free_port(), lifespan="on", log_config=None)
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR), anyio.fail_after(10), pytest.raises(SystemExit) as exited:
+        await server.serve()
+    assert exited.value.code == 3  # uvicorn's "startup failed" exit
+    assert not server.started
+    assert any("107-byte Unix socket limit" in r.getMessage() for r in caplog.records)
+    assert mw.drain.state is State.STOPPED
 
 
 async def test_live_socket_at_our_path_is_refused(socket_dir: str) -> None:

@@ -1,0 +1,70 @@
+"""The multi-process mirror: workers' plain counters reach prometheus-client's shared files.
+
+Each worker is a real process (prometheus-client picks its multi-process value class at
+import, from PROMETHEUS_MULTIPROC_DIR, so this cannot run in the test process).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from prometheus_client.parser import text_string_to_metric_families
+
+WORKER = """
+import anyio, json, sys
+from graceful import Drain
+from graceful._metrics import MultiprocessMirror
+
+drain = Drain(grace_period=10, reserve=2)
+mirror = MultiprocessMirror(drain)
+drain.mark_serving()
+
+async def main():
+    for _ in range(int(sys.argv[1])):
+        async with drain.track():
+            pass
+    drain._reject("server_draining")
+    if sys.argv[2] == "drain":
+        await drain.drain(timeout=1)
+    mirror.sync()
+    mirror.sync()  # a second push must not double-count
+
+anyio.run(main)
+"""
+
+RENDER = """
+from graceful._metrics import render
+body, content_type = render(None)
+print(content_type)
+print(body.decode())
+"""
+
+
+def run(code: str, *args: str, env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_counters_add_up_and_gauges_sum_live_workers(socket_dir: str) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": socket_dir}
+    run(WORKER, "3", "serve", env=env)
+    run(WORKER, "5", "drain", env=env)
+    content_type, page = run(RENDER, env=env).split("\n", 1)
+    assert content_type.startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+    }
+    assert samples[("graceful_requests_total", (("outcome", "completed"),))] == 8.0
+    assert samples[("graceful_rejected_total", (("reason", "server_draining"),))] == 2.0
+    assert samples[("graceful_drains_total", (("result", "drained"),))] == 1.0
+    assert samples[("graceful_drain_duration_seconds_count", ())] == 1.0
+    # livesum: one worker ended SERVING, the other DRAINING (no mark_process_dead was called).
+    assert samples[("graceful_state", (("state", "SERVING"),))] == 1.0
+    assert samples[("graceful_state", (("state", "DRAINING"),))] == 1.0
+    assert samples[("graceful_in_flight", ())] == 0.0
+    assert any(name.startswith("gauge_livesum") for name in os.listdir(socket_dir))
