@@ -16,12 +16,20 @@ from ._types import Message, Receive, Scope, Send
 if TYPE_CHECKING:
     from ._middleware import GracefulMiddleware
 
-__all__ = ["NOT_STARTED_HEADER", "Call", "json_response", "reject"]
+__all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
 
 # Marks a 503 whose request never reached the app, so a gateway knows a retry is safe.
 NOT_STARTED_HEADER = b"x-graceful-not-started"
 _HTTP1 = frozenset({"1.0", "1.1"})
 SERVING = State.SERVING
+
+# Why a request was refused, by state (SERVING: only the reject_over limit refuses).
+REFUSAL = {
+    State.STARTING: "server_starting",
+    State.DRAINING: "server_draining",
+    State.STOPPED: "server_stopped",
+    State.SERVING: "server_overloaded",
+}
 
 _MESSAGES = {
     "server_draining": "This server is draining for shutdown and did not start the request; retry it elsewhere.",

@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from ._frames import FinalFrame, default_final_frame
-from ._http import Call, json_response, reject
+from ._http import REFUSAL, Call, json_response, reject
 from ._state import Drain, State
 from ._types import ASGIApp, Receive, Scope, Send
 
@@ -131,7 +131,7 @@ class GracefulMiddleware:
                 return
             drain = self.drain
             if drain._state is not SERVING and not drain.admits(scope.get("client")):
-                return await self._refuse(scope, send, _REFUSAL[drain._state])
+                return await self._refuse(scope, send, REFUSAL[drain._state])
             if drain._in_flight >= self.reject_over:
                 return await self._refuse(scope, send, "server_overloaded")
             return await Call(self, scope, receive, send).run()
@@ -199,14 +199,6 @@ class GracefulMiddleware:
 
 def _no_task() -> None:
     return None
-
-
-_REFUSAL = {
-    State.STARTING: "server_starting",
-    State.DRAINING: "server_draining",
-    State.STOPPED: "server_stopped",
-    State.SERVING: "server_overloaded",
-}
 
 
 def _probe_body(drain: Drain, ok: bool) -> bytes:

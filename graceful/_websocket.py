@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING
 
 import anyio
 
+from ._http import NOT_STARTED_HEADER, REFUSAL
 from ._state import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, State
 from ._types import Message, Receive, Scope, Send
 
@@ -19,23 +21,24 @@ SERVICE_RESTART = 1012  # RFC 6455 registry: "Service Restart"
 async def websocket_call(mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
     drain = mw.drain
     if drain._state is not State.SERVING and not drain.admits(scope.get("client")):
-        drain._reject("server_draining" if drain._state is State.DRAINING else "server_starting")
-        await _refuse(scope, receive, send)
+        reason = REFUSAL[drain._state]
+        drain._reject(reason)
+        await _refuse(scope, receive, send, reason)
         return
     await _Socket(mw, scope, receive, send).run()
 
 
-async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+async def _refuse(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
     message = await receive()
     if message["type"] != "websocket.connect":
         return
-    if "websocket.http.response" in scope.get("extensions", {}):
-        body = b'{"error":{"type":"server_draining","code":503,"message":"not accepting websockets"}}'
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        body = json.dumps({"error": {"type": reason, "code": 503, "message": "not accepting websockets"}}).encode()
         await send(
             {
                 "type": "websocket.http.response.start",
                 "status": 503,
-                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"), (NOT_STARTED_HEADER, b"1")],
             }
         )
         await send({"type": "websocket.http.response.body", "body": body})
