@@ -175,7 +175,8 @@ class Call:
         self.mw.drain.count_truncated("deadline")
         try:
             if not self.started:
-                await json_response(send, 503, shutdown_error(), [(b"connection", b"close")])
+                close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in _HTTP1 else []
+                await json_response(send, 503, shutdown_error(), close)
             else:
                 frame = self.mw.final_frame(self.content_type())
                 if frame is not None:

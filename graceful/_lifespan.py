@@ -55,14 +55,16 @@ async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send:
             await send(message)
 
         try:
-            await mw.app(scope, wrapped_receive, wrapped_send)
-        except Exception:
-            if startup_seen:
-                raise
-            # The app does not speak lifespan (it raised before reading startup):
-            # run the protocol ourselves so the state machine still moves.
-            logger.info("the wrapped app does not support lifespan; graceful handles it")
-            await _own_lifespan(wrapped_receive, wrapped_send)
+            try:
+                await mw.app(scope, wrapped_receive, wrapped_send)
+            except Exception:
+                if startup_seen:
+                    raise
+            if not startup_seen:
+                # The app does not speak lifespan (it raised or returned before reading
+                # startup): run the protocol ourselves so the state machine still moves.
+                logger.info("the wrapped app does not support lifespan; graceful handles it")
+                await _own_lifespan(wrapped_receive, wrapped_send)
         finally:
             await services.stop()
 

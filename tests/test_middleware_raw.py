@@ -519,3 +519,79 @@ async def test_deadline_on_trio_uses_a_cancel_scope(anyio_backend: str) -> None:
     assert json.loads(rec.messages[1]["body"][len(b"data: ") :])["error"]["type"] == "server_shutdown"
     assert rec.messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     assert mw.drain.in_flight == 0
+
+
+async def test_request_id_echo_can_be_turned_off() -> None:
+    mw = make(streaming_app(1), request_id_header=None)
+    ok, refused = Recorder(mw.drain), Recorder(mw.drain)
+    await mw(http_scope(headers=[(b"x-request-id", b"r1")]), no_body, ok)
+    mw.drain.begin_drain("test")
+    await mw(http_scope(headers=[(b"x-request-id", b"r1")]), no_body, refused)
+    assert b"x-request-id" not in ok.headers and b"x-request-id" not in refused.headers
+
+
+async def test_other_scope_types_pass_through() -> None:
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(scope["type"])
+
+    mw = make(app)
+    await mw({"type": "custom.protocol"}, no_body, Recorder(mw.drain))
+    assert seen == ["custom.protocol"] and mw.drain.in_flight == 0
+
+
+async def test_deadline_with_a_departed_client_still_cancels_and_counts() -> None:
+    cancelled = anyio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    started = False
+
+    async def gone_after_headers(message: Message) -> None:
+        nonlocal started
+        if started:
+            raise OSError("client went away")
+        started = True
+
+    mw = make(app)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, http_scope(), no_body, gone_after_headers)
+        await anyio.wait_all_tasks_blocked()
+        result = await mw.drain.drain(timeout=0.05)
+    assert cancelled.is_set() and result.truncated == 1
+    assert mw.drain.counters()["requests"]["cancelled"] == 1 and mw.drain.in_flight == 0
+
+
+async def test_deadline_before_headers_on_http2_sends_no_connection_header() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await anyio.sleep_forever()
+
+    mw = make(app)
+    rec = Recorder(mw.drain)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, http_scope(http_version="2"), no_body, rec)
+        await anyio.wait_all_tasks_blocked()
+        await mw.drain.drain(timeout=0.05)
+    assert rec.status == 503 and b"connection" not in rec.headers
+
+
+async def test_deadline_on_a_response_without_content_type_sends_no_frame() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"partial", "more_body": True})
+        await anyio.sleep_forever()
+
+    mw = make(app)
+    rec = Recorder(mw.drain)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, http_scope(), no_body, rec)
+        await anyio.wait_all_tasks_blocked()
+        await mw.drain.drain(timeout=0.05)
+    assert [m.get("body") for m in rec.messages[1:]] == [b"partial"]
+    assert mw.drain.counters()["truncated"] == {"deadline": 1}

@@ -68,3 +68,33 @@ def test_counters_add_up_and_gauges_sum_live_workers(socket_dir: str) -> None:
     assert samples[("graceful_state", (("state", "DRAINING"),))] == 1.0
     assert samples[("graceful_in_flight", ())] == 0.0
     assert any(name.startswith("gauge_livesum") for name in os.listdir(socket_dir))
+
+
+LIFESPAN_WORKER = """
+import anyio
+from asgi_lifespan import LifespanManager
+from prometheus_client import CollectorRegistry
+from graceful import GracefulMiddleware
+from graceful._metrics import render
+
+async def app(scope, receive, send):
+    pass  # no lifespan support: graceful runs the protocol itself
+
+async def main():
+    mw = GracefulMiddleware(app, admin=False, registry=CollectorRegistry(), grace_period=10, reserve=2)
+    async with LifespanManager(mw):
+        async with mw.drain.track():
+            pass
+        # Nobody calls sync(): the lifespan's mirror loop pushes within a second.
+        with anyio.fail_after(5):
+            while b'graceful_requests_total{outcome="completed"} 1.0' not in render(None)[0]:
+                await anyio.sleep(0.1)
+    print("pushed")
+
+anyio.run(main)
+"""
+
+
+def test_the_lifespan_pushes_once_a_second_without_a_scrape(socket_dir: str) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": socket_dir}
+    assert run(LIFESPAN_WORKER, env=env).strip() == "pushed"

@@ -261,3 +261,37 @@ def test_status_snapshot() -> None:
     assert status["state"] == "DRAINING"
     assert isinstance(status["deadline"], float) and isinstance(status["drain_started"], float)
     assert status["deadline"] - status["drain_started"] == pytest.approx(5, abs=0.01)
+
+
+async def test_drain_of_a_stopped_process_says_stopped() -> None:
+    drain = serving()
+    drain.mark_stopped()
+    result = await drain.drain(timeout=1)
+    assert result.result == "stopped" and not result.drained
+
+
+async def test_a_pod_deleted_while_still_loading_drains_at_once() -> None:
+    drain = Drain(grace_period=30, reserve=5)
+    before = drain.since
+    assert not drain.admits()
+    result = await drain.drain(timeout=1)
+    assert result.drained and drain.state is State.DRAINING
+    assert drain.since >= before
+    assert not drain.admits(("127.0.0.1", 1))
+
+
+async def test_tracked_job_cancelled_from_outside_is_counted_cancelled() -> None:
+    drain = serving()
+    started = anyio.Event()
+
+    async def job() -> None:
+        async with drain.track("outside"):
+            started.set()
+            await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(job)
+        await started.wait()
+        tg.cancel_scope.cancel()
+    assert drain.counters()["requests"]["cancelled"] == 1
+    assert drain.in_flight == 0
