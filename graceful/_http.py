@@ -74,6 +74,9 @@ async def reject(mw: GracefulMiddleware, scope: Scope, send: Send, reason: str) 
     await json_response(send, 503, body, headers)
 
 
+_NO_HEADERS: list[tuple[bytes, bytes]] = []  # shared until a response starts; never mutated
+
+
 async def _drop(message: Message) -> None:
     """Stands in for the server's send once the deadline has ended a response."""
 
@@ -85,46 +88,57 @@ class Call:
     cancelled, exactly once whichever comes first.
     """
 
-    __slots__ = ("mw", "scope", "_receive", "_send", "task", "cancel_scope", "started", "headers", "open", "t0")
+    __slots__ = (
+        "mw",
+        "drain",
+        "scope",
+        "_receive",
+        "_send",
+        "task",
+        "cancel_scope",
+        "started",
+        "headers",
+        "open",
+        "t0",
+    )
 
     def __init__(self, mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
         self.mw = mw
+        self.drain = mw.drain
         self.scope = scope
         self._receive = receive
         self._send = send
         self.task = mw.current_task()
         self.cancel_scope: anyio.CancelScope | None = None
         self.started = False
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: list[tuple[bytes, bytes]] = _NO_HEADERS
         self.open = True
         self.t0 = time.monotonic()
 
-    async def run(self) -> None:
-        drain = self.mw.drain
-        drain._in_flight += 1
-        drain._live[self] = None
-        try:
-            if self.task is not None:
-                await self.mw.app(self.scope, self.receive, self.send)
-            else:
-                with anyio.CancelScope() as self.cancel_scope:
-                    await self.mw.app(self.scope, self.receive, self.send)
-        except BaseException as exc:
-            if self.open:
-                self.finish(_classify(exc))
-            elif self._send is _drop and isinstance(exc, asyncio.CancelledError) and self.task is not None:
-                # We cancelled it at the deadline and already ended the response: do not
-                # let the server log our own cancellation as an application error.
-                if hasattr(self.task, "uncancel"):
-                    self.task.uncancel()
-                return
-            raise
-        if self.open:  # the app returned without finishing its response
-            self.finish(ERROR)
+    # The middleware runs the app and does the +1 itself (one coroutine frame less per
+    # request); these are the slow paths around it.
+
+    async def run_scoped(self) -> None:
+        """Run the app inside a cancel scope: the deadline's handle on loops other than asyncio."""
+        with anyio.CancelScope() as self.cancel_scope:
+            await self.mw.app(self.scope, self.receive, self.send)
+
+    def failed(self, exc: BaseException) -> bool:
+        """Account for an app that raised; True when the error is ours to swallow."""
+        if self.open:
+            self.finish(_classify(exc))
+            return False
+        if self._send is _drop and isinstance(exc, asyncio.CancelledError) and self.task is not None:
+            # We cancelled it at the deadline and already ended the response: do not
+            # let the server log our own cancellation as an application error.
+            if hasattr(self.task, "uncancel"):
+                self.task.uncancel()
+            return True
+        return False
 
     def finish(self, outcome: int) -> None:
         self.open = False
-        drain = self.mw.drain
+        drain = self.drain
         del drain._live[self]
         drain._release(outcome)
 
@@ -141,7 +155,10 @@ class Call:
         if kind == "http.response.body":
             await self._send(message)
             if self.open:
-                self.finish(COMPLETED)
+                self.open = False
+                drain = self.drain
+                del drain._live[self]
+                drain._release(COMPLETED)
             return
         if kind == "http.response.start":
             self.started = True
@@ -149,7 +166,7 @@ class Call:
             headers = list(message.get("headers", ()))
             if mw.request_id_header is not None:
                 headers.append((mw.request_id_header, request_id(mw, self.scope)))
-            if mw.drain._state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
+            if self.drain._state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
                 # Keep-alive clients and balancers must stop reusing this connection.
                 headers.append((b"connection", b"close"))
             self.headers = headers
@@ -172,7 +189,7 @@ class Call:
             return
         send = self._send
         self._send = _drop
-        self.mw.drain.count_truncated("deadline")
+        self.drain.count_truncated("deadline")
         try:
             if not self.started:
                 close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in _HTTP1 else []

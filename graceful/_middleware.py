@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from ._frames import FinalFrame, default_final_frame
 from ._http import REFUSAL, Call, json_response, reject
-from ._state import Drain, State
+from ._state import ERROR, Drain, State
 from ._types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["GracefulMiddleware"]
@@ -134,7 +134,21 @@ class GracefulMiddleware:
                 return await self._refuse(scope, send, REFUSAL[drain._state])
             if drain._in_flight >= self.reject_over:
                 return await self._refuse(scope, send, "server_overloaded")
-            return await Call(self, scope, receive, send).run()
+            call = Call(self, scope, receive, send)
+            drain._in_flight += 1
+            drain._live[call] = None
+            try:
+                if call.task is not None:
+                    await self.app(scope, call.receive, call.send)
+                else:
+                    await call.run_scoped()
+            except BaseException as exc:
+                if call.failed(exc):
+                    return
+                raise
+            if call.open:  # the app returned without finishing its response
+                call.finish(ERROR)
+            return
         if kind == "websocket":
             from ._websocket import websocket_call
 
