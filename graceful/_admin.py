@@ -173,8 +173,8 @@ class AdminServer:
                 while True:
                     try:
                         stream = await listener.accept()
-                    except OSError as exc:  # EMFILE and friends: back off, keep serving
-                        logger.warning("admin listener accept failed: %s", exc)
+                    except (OSError, anyio.BrokenResourceError) as exc:  # EMFILE and friends (anyio wraps them)
+                        logger.warning("admin listener accept failed: %s", exc.__cause__ or exc)
                         await anyio.sleep(0.1)
                         continue
                     tg.start_soon(self._connection, stream, tg)
@@ -255,7 +255,10 @@ class _Exchange:
         while True:
             event = self.conn.next_event()
             if event is h11.NEED_DATA:
-                data = await self.stream.receive(8192)
+                try:
+                    data = await self.stream.receive(8192)
+                except anyio.EndOfStream:  # the peer closed (a liveness probe, a half-sent request)
+                    data = b""
                 self.conn.receive_data(data)
                 continue
             if isinstance(event, h11.Request):

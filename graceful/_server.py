@@ -209,6 +209,10 @@ def load_app(target: str, options: dict[str, Any], *, explicit: frozenset[str] =
         app = import_from_string(target)
     except ImportFromStringError as exc:
         raise ConfigError(f"cannot load app {target!r}: {exc}") from None
+    if not callable(app):
+        raise ConfigError(
+            f"cannot load app {target!r}: it is a {type(app).__name__}, not an ASGI app; point APP at one"
+        )
     if isinstance(app, GracefulMiddleware):
         _warn_conflicts(app, options, explicit)
         return app

@@ -1,0 +1,260 @@
+"""More of the `graceful` CLI: `drain --json` with workers that fail in different ways,
+stale sockets, several workers for `status`/`resume`, and `main()`'s exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+import uvicorn
+from click.testing import CliRunner, Result
+from prometheus_client import CollectorRegistry
+
+from graceful import GracefulMiddleware, State
+from graceful.cli import cli, drain_command, main
+from tests.apps_more_workers import FakeWorker, chunk, http_error, ndjson, ndjson_head, status_line
+from tests.apps_streaming import app as streaming_app
+from tests.utils import free_port
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@pytest.fixture
+def served(socket_dir: str) -> Iterator[GracefulMiddleware]:
+    """A real uvicorn with the middleware in a thread; its admin socket is <socket_dir>/<our pid>.sock."""
+    mw = GracefulMiddleware(
+        streaming_app, registry=CollectorRegistry(), socket_dir=socket_dir, grace_period=6, reserve=1
+    )
+    server = uvicorn.Server(uvicorn.Config(mw, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    try:
+        yield mw
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def fake(socket_dir: str) -> Iterator[list[FakeWorker]]:
+    workers: list[FakeWorker] = []
+    yield workers
+    for worker in workers:
+        worker.close()
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def stale(socket_dir: str, pid: int) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(os.path.join(socket_dir, f"{pid}.sock"))  # bound, never listening
+    return sock
+
+
+def test_drain_json_shape_with_a_worker_answering_an_http_error(
+    served: GracefulMiddleware, fake: list[FakeWorker], socket_dir: str
+) -> None:
+    """One worker drains, the other answers 503: exit 1, and the JSON names both, one with its error."""
+    broken = FakeWorker(os.path.join(socket_dir, "4100.sock"), http_error(503, {"error": "busy"}))
+    fake.append(broken)
+    result = invoke("drain", "--socket-dir", socket_dir, "--json", "--quiet")
+    assert result.exit_code == 1, result.output
+    outcome = json.loads(result.stdout)
+    assert set(outcome) == {"result", "workers"}
+    assert outcome["result"] == "timeout"
+    by_socket = {w["socket"]: w for w in outcome["workers"]}
+    assert set(by_socket) == {broken.path, os.path.join(socket_dir, f"{os.getpid()}.sock")}
+    for worker in outcome["workers"]:
+        assert set(worker) == {"socket", "pid", "result", "error"}
+    assert by_socket[broken.path] == {
+        "socket": broken.path,
+        "pid": None,
+        "result": None,
+        "error": 'HTTP 503: {"error": "busy"}',
+    }
+    ours = by_socket[os.path.join(socket_dir, f"{os.getpid()}.sock")]
+    assert ours["pid"] == os.getpid() and ours["error"] is None and ours["result"]["result"] == "drained"
+    # --quiet still reports when something went wrong.
+    assert f'{broken.path}: HTTP 503: {{"error": "busy"}}' in result.stderr
+    assert "drained 1 of 2 workers" in result.stderr
+    assert served.drain.state is State.DRAINING
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        # The worker died mid-stream: the chunked body never ends.
+        (ndjson_head() + chunk(ndjson(status_line(4200))), "lost the connection before the drain ended"),
+        # The worker ended the stream cleanly but never sent its result line.
+        (
+            ndjson_head() + chunk(ndjson(status_line(4200))) + b"0\r\n\r\n",
+            "the server closed the connection before the drain ended",
+        ),
+        # Not NDJSON at all (something else listens on the socket).
+        (ndjson_head() + chunk(b"<html>\n") + b"0\r\n\r\n", "lost the connection before the drain ended"),
+    ],
+    ids=["dropped", "no-result", "not-json"],
+)
+def test_drain_reports_a_worker_that_ends_without_a_result(
+    fake: list[FakeWorker], socket_dir: str, reply: bytes, message: str
+) -> None:
+    worker = FakeWorker(os.path.join(socket_dir, "4200.sock"), reply)
+    fake.append(worker)
+    result = invoke("drain", "--socket-dir", socket_dir, "--json")
+    assert result.exit_code == 1, result.output
+    (reported,) = json.loads(result.stdout)["workers"]
+    assert message in reported["error"]
+    assert reported["result"] is None
+    assert message in result.stderr
+    assert "drained 0 of 1 worker" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_stale_socket_is_skipped_with_a_note(served: GracefulMiddleware, socket_dir: str) -> None:
+    with stale(socket_dir, 999999):
+        result = invoke("drain", "--socket-dir", socket_dir, "--json")
+    assert result.exit_code == 0, result.output
+    outcome = json.loads(result.stdout)
+    assert outcome["result"] == "drained"
+    assert [w["pid"] for w in outcome["workers"]] == [os.getpid()]
+    stale_path = os.path.join(socket_dir, "999999.sock")
+    assert f"graceful: skipped {stale_path}: nothing listening (stale socket)" in result.stderr
+    assert "drained 1 of 1 worker" in result.stderr
+
+
+def test_status_and_resume_with_several_workers(
+    served: GracefulMiddleware, fake: list[FakeWorker], socket_dir: str
+) -> None:
+    """Our worker, a second worker (another pid), a stale socket and a non-socket file:
+    `status` shows the two that answer, `resume` talks to every one of them."""
+    since = time.time() - 60
+    other = {"pid": 4300, "state": "DRAINING", "in_flight": 3, "since": since, "resumed": True}
+    body = json.dumps(other).encode()
+    reply = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+    fake.append(FakeWorker(os.path.join(socket_dir, "4300.sock"), reply))
+    Path(socket_dir, "notes.sock").write_text("not a socket")
+    served.drain.begin_drain("test")
+    with stale(socket_dir, 999998):
+        status = invoke("status", "--socket-dir", socket_dir)
+        rows = json.loads(invoke("status", "--socket-dir", socket_dir, "--json").stdout)
+        resumed = invoke("resume", "--socket-dir", socket_dir)
+    assert status.exit_code == 0, status.output
+    lines = status.stdout.splitlines()
+    assert lines[0].split() == ["PID", "STATE", "IN", "FLIGHT", "SINCE"]
+    assert len(lines) == 3
+    assert lines[1].split()[:3] == [str(os.getpid()), "DRAINING", "0"]
+    assert lines[2].split() == ["4300", "DRAINING", "3", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))]
+    assert [row["socket"] for row in rows] == [
+        os.path.join(socket_dir, f"{os.getpid()}.sock"),
+        os.path.join(socket_dir, "4300.sock"),
+    ]
+    assert resumed.exit_code == 0, resumed.output
+    assert resumed.stdout.splitlines() == [
+        f"worker {os.getpid()}: SERVING (resumed)",
+        "worker 4300: DRAINING (resumed)",
+    ]
+    assert served.drain.state is State.SERVING
+
+
+@pytest.mark.parametrize("command", ["status", "resume"])
+def test_only_stale_sockets_exits_3(socket_dir: str, command: str) -> None:
+    with stale(socket_dir, 999997):
+        result = invoke(command, "--socket-dir", socket_dir)
+    assert result.exit_code == 3
+    assert f"nothing is listening on {os.path.join(socket_dir, '999997.sock')}" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["drain", "status", "resume"])
+def test_missing_socket_dir_exits_3_naming_it(socket_dir: str, command: str) -> None:
+    missing = os.path.join(socket_dir, "nope")
+    result = invoke(command, "--socket-dir", missing)
+    assert result.exit_code == 3
+    assert f"cannot read socket dir {missing!r} (No such file or directory)" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "resume"])
+def test_socket_and_socket_dir_together_exit_2(socket_dir: str, command: str) -> None:
+    result = invoke(command, "--socket-dir", socket_dir, "--socket", os.path.join(socket_dir, "1.sock"))
+    assert result.exit_code == 2
+    assert "use --socket-dir or --socket, not both" in result.stderr
+
+
+def test_embedding_cli_may_give_durations_as_seconds(served: GracefulMiddleware, socket_dir: str) -> None:
+    """An app's own CLI can set drain defaults as plain floats through click's default_map."""
+
+    @click.group()
+    def app_cli() -> None:
+        pass
+
+    app_cli.add_command(drain_command)
+    defaults = {"drain": {"propagation_wait": 0.4, "socket_dir": socket_dir}}
+    started = time.monotonic()
+    result = CliRunner().invoke(app_cli, ["drain", "--json"], default_map=defaults)
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started >= 0.4  # the propagation wait was honoured
+    (worker,) = json.loads(result.stdout)["workers"]
+    assert worker["result"]["result"] == "drained"
+
+
+def test_main_shows_click_errors_and_returns_their_code(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["drain", "--no-such-option"]) == 2
+    err = capsys.readouterr().err
+    assert "No such option" in err and "--no-such-option" in err and "Traceback" not in err
+
+
+def run_graceful(*args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "graceful", *args]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_ctrl_c_during_a_drain_prints_aborted_and_exits_1(fake: list[FakeWorker], socket_dir: str) -> None:
+    """1. a worker that never finishes its drain 2. `graceful drain` waits 3. Ctrl-C (SIGINT)
+    4. "Aborted!" on stderr, exit 1, no traceback."""
+    worker = FakeWorker(
+        os.path.join(socket_dir, "4400.sock"), ndjson_head() + chunk(ndjson(status_line(4400))), hold=True
+    )
+    fake.append(worker)
+    drain = run_graceful("drain", "--socket-dir", socket_dir)
+    try:
+        assert worker.got_request.wait(15)
+        time.sleep(0.2)  # the request is out; the client now waits on the stream
+        drain.send_signal(signal.SIGINT)
+        out, err = drain.communicate(timeout=10)
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+            drain.communicate()
+    assert drain.returncode == 1, err
+    assert err.rstrip().endswith("Aborted!")
+    assert "Traceback" not in err
+
+
+def test_run_on_a_busy_port_exits_with_uvicorns_code_without_traceback(socket_dir: str) -> None:
+    """uvicorn raises SystemExit(3) (its STARTUP_FAILURE) when it cannot bind; main() passes
+    the code on instead of a traceback."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run = run_graceful("run", "tests.apps_streaming:app", "--port", str(port), "--socket-dir", socket_dir)
+        out, err = run.communicate(timeout=30)
+    assert run.returncode == 3, err
+    assert "address already in use" in err.lower()
+    assert "Traceback" not in err
+    assert os.listdir(socket_dir) == []  # the admin socket did not outlive the failed start
