@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
 import anyio
@@ -339,13 +339,14 @@ async def _read_body(response: httpx.Response, attempt: Attempt, outcome: _Outco
         return
     try:
         data = json.loads(b"".join(chunks))
-        choice = data["choices"][0]
-    except (ValueError, KeyError, IndexError, TypeError):
+        finish = data["choices"][0].get("finish_reason")
+        usage = data.get("usage") or {}
+        outcome.tokens = int(usage.get("completion_tokens") or 0)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        # Valid JSON of the wrong shape (a list, a number, choices of strings) is as invalid as none.
         attempt.error = f"invalid completion body ({attempt.bytes} bytes)"
         return
-    usage = data.get("usage") or {}
-    outcome.tokens = int(usage.get("completion_tokens") or 0)
-    attempt.reason = _judge(choice.get("finish_reason"), usage, attempt, outcome)
+    attempt.reason = _judge(finish, usage, attempt, outcome)
 
 
 async def _read_stream(response: httpx.Response, attempt: Attempt, outcome: _Outcome) -> None:
@@ -368,12 +369,11 @@ async def _read_stream(response: httpx.Response, attempt: Attempt, outcome: _Out
             if event == b"[DONE]":
                 outcome.done = True
                 continue
-            try:
-                frame = json.loads(event)
-            except ValueError:
+            frame = _frame(event)
+            if frame is None:
                 attempt.error = f"malformed event {event[:80]!r}"
                 continue
-            if isinstance(frame, dict) and "error" in frame:
+            if "error" in frame:
                 error = frame["error"] if isinstance(frame["error"], dict) else {}
                 if error.get("type") == "server_shutdown":
                     attempt.reason = "ended_by_server"
@@ -395,6 +395,22 @@ async def _read_stream(response: httpx.Response, attempt: Attempt, outcome: _Out
         if usage.get("completion_tokens") is not None:
             outcome.tokens = int(usage["completion_tokens"])
         attempt.reason = _judge(finish, usage, attempt, outcome)
+
+
+def _frame(event: bytes) -> dict[str, Any] | None:
+    """The event as a chunk object whose choices, deltas and usage have the shapes read; None otherwise."""
+    try:
+        frame = json.loads(event)
+    except ValueError:
+        return None
+    if not isinstance(frame, dict):
+        return None
+    choices, usage = frame.get("choices") or [], frame.get("usage") or {}
+    if not isinstance(choices, list) or not isinstance(usage, dict):
+        return None
+    if not all(isinstance(c, dict) and isinstance(c.get("delta") or {}, dict) for c in choices):
+        return None
+    return frame if isinstance(usage.get("completion_tokens") or 0, int) else None
 
 
 def _judge(finish: Any, usage: Mapping[str, Any], attempt: Attempt, outcome: _Outcome) -> str:
@@ -543,6 +559,12 @@ def soak_command(
     finally:
         if sink is not None:
             sink.close()
+    _finish(result, report, plot)
+
+
+def _finish(result: SoakReport, report: str | None, plot: str | None) -> NoReturn:
+    # Its own function: CPython 3.11's tracer loses the rest of a frame after anyio.run()
+    # (cpython#106749), which would hide this from coverage.
     click.echo(result.render())
     try:
         if report is not None:
@@ -569,10 +591,9 @@ async def _run_cli(config: SoakConfig, write: Callable[[RequestRecord], None]) -
 async def _stop_on_signal(stop: anyio.Event) -> None:
     # The first Ctrl-C stops new requests and lets in-flight ones finish; leaving the
     # receiver restores the default handlers, so a second one aborts.
+    # Say so only after leaving the receiver: a second signal sent once the message is
+    # visible must meet the default handlers, not a receiver nobody reads any more.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            click.echo(
-                f"graceful soak: {signal.Signals(signum).name}: no new requests; waiting for those in flight", err=True
-            )
-            stop.set()
-            break
+        signum = await anext(aiter(signals))
+    click.echo(f"graceful soak: {signal.Signals(signum).name}: no new requests; waiting for those in flight", err=True)
+    stop.set()

@@ -2,8 +2,10 @@
 
 ``OpenAIApp(plan=...)`` serves ``POST /v1/chat/completions`` and
 ``GET /debug/executions``. ``plan(n, body)`` returns the mode for the n-th request
-(0-based). Connection-level failures that ASGI cannot express (closing the socket
-without any answer) come from ``raw_http_server`` instead.
+(0-based), or a ``Status`` (an early error answer with chosen headers) or ``Frames``
+(a body given byte for byte, optionally cut). Connection-level failures that ASGI
+cannot express (closing the socket without any answer) come from ``raw_http_server``
+instead.
 """
 
 from __future__ import annotations
@@ -40,6 +42,28 @@ Mode = Literal[
 ]
 
 
+@dataclass(frozen=True)
+class Status:
+    """An error answer sent before executing the request, e.g. 429 with ``Retry-After``."""
+
+    code: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Frames:
+    """A response whose body is exactly ``parts``; with ``complete=False`` the connection is cut after them."""
+
+    parts: list[bytes]
+    media_type: str = "text/event-stream"
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    complete: bool = True
+
+
+Answer = Mode | Status | Frames
+
+
 def always_ok(n: int, body: dict[str, Any]) -> Mode:
     return "ok"
 
@@ -49,7 +73,7 @@ class OpenAIApp:
     """The app and what it saw: request ids, executions per idempotency key."""
 
     served_by: str = "a"
-    plan: Callable[[int, dict[str, Any]], Mode] = always_ok
+    plan: Callable[[int, dict[str, Any]], Answer] = always_ok
     idempotent: bool = True
     token_delay: float = 0.0
     seen: int = 0
@@ -79,6 +103,14 @@ class OpenAIApp:
         key = request.headers.get("idempotency-key")
         self.request_ids.append(rid)
         headers = {"x-served-by": self.served_by, "x-request-id": rid}
+        if isinstance(mode, Status):
+            error = {"error": {"type": "status", "message": f"status {mode.code}", "code": mode.code}}
+            return JSONResponse(error, mode.code, {**headers, **mode.headers})
+        if isinstance(mode, Frames):
+            self.executions[key or rid] += 1
+            return Scripted(
+                mode.status, {**headers, **mode.headers}, mode.media_type, mode.parts, complete=mode.complete
+            )
         if mode in ("reject", "reject_plain"):
             if mode == "reject":
                 headers["x-graceful-not-started"] = "1"
