@@ -555,11 +555,23 @@ def soak_command(
             if sink is not None:
                 sink.write(json.dumps(record.to_json()) + "\n")
 
-        result = anyio.run(_run_cli, config, write)
+        try:
+            result = anyio.run(_run_cli, config, write)
+        except BaseException as exc:
+            # A second Ctrl-C may surface inside a task group, wrapped in an exception group.
+            if _interrupted(exc):
+                raise click.Abort() from None
+            raise
     finally:
         if sink is not None:
             sink.close()
     _finish(result, report, plot)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return any(_interrupted(inner) for inner in getattr(exc, "exceptions", ()))
 
 
 def _finish(result: SoakReport, report: str | None, plot: str | None) -> NoReturn:

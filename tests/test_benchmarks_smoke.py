@@ -69,3 +69,11 @@ def test_e2e(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert len(_tables(out)) == 3  # header, rule, one path
     assert "| short |" in out
+
+
+def test_instructions_child_runs_every_variant() -> None:
+    """The callgrind script itself needs valgrind and minutes; its measured code runs here."""
+    from benchmarks import instructions
+
+    for variant in [*list(inprocess.VARIANTS)[:3], instructions.NO_REQUEST_ID]:
+        instructions.child(variant, 3, 5)
