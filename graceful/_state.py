@@ -211,7 +211,7 @@ class Drain:
                 return True
             # The balancer did not route a request on a connection that was already open
             # when the drain began: serve it once, with Connection: close.
-            if peer is not None and peer in self.pinned:
+            if peer is not None and peer in self.pinned and time.monotonic() < self._deadline:
                 self.pinned.discard(peer)
                 return True
         return False
@@ -383,8 +383,14 @@ class Drain:
             if self._result is not None:
                 return self._result
             return self._snapshot_result("stopped" if self._state is State.STOPPED else "resumed")
+        follow_up = False
         if self._result is not None:
-            return self._result
+            if not (self._result.drained and self._in_flight and time.monotonic() < self._deadline):
+                return self._result
+            # Work admitted after the drain ended (a pinned connection's one more request,
+            # see admits()): wait for it too, within the same deadline, so that the exit
+            # that follows (SIGTERM) is bounded and cuts nothing.
+            self._result, self._leader, self._done, follow_up = None, False, None, True
         if self._done is None:
             self._done = anyio.Event()
         done = self._done
@@ -393,13 +399,13 @@ class Drain:
             # The leader's work must finish even if the caller that started it goes away:
             # other callers wait on it and the deadline must still be enforced.
             with anyio.CancelScope(shield=True):
-                await self._run(done)
+                await self._run(done, follow_up=follow_up)
         else:
             await done.wait()
         assert self._result is not None
         return self._result
 
-    async def _run(self, done: anyio.Event) -> None:
+    async def _run(self, done: anyio.Event, *, follow_up: bool = False) -> None:
         epoch = self._epoch
         start = self._drain_mono
         deadline = self._deadline
@@ -407,7 +413,8 @@ class Drain:
         leftover: tuple[str, ...] = ()
         left = 0
         try:
-            await self._call_hook(self.on_drain_start, "on_drain_start", deadline - time.monotonic())
+            if not follow_up:
+                await self._call_hook(self.on_drain_start, "on_drain_start", deadline - time.monotonic())
             while True:
                 if self._state is not State.DRAINING or self._epoch != epoch:
                     outcome: DrainOutcome = "resumed" if self._state is State.SERVING else "stopped"
@@ -433,7 +440,7 @@ class Drain:
         finally:
             self._waker = None
         duration = time.monotonic() - start
-        if outcome in ("drained", "timeout"):
+        if outcome in ("drained", "timeout") and not follow_up:
             self._drains[outcome] = self._drains.get(outcome, 0) + 1
             self.drain_durations.append(duration)
         self._result = DrainResult(
@@ -447,7 +454,7 @@ class Drain:
             leftover=leftover,
         )
         self._log_summary(self._result)
-        if outcome != "resumed":
+        if outcome != "resumed" and not follow_up:
             # on_drained gets hook_timeout, but never more than half the reserve past the deadline.
             room = deadline + self.budget.reserve / 2 - time.monotonic()
             await self._call_hook(self.on_drained, "on_drained", min(self._hook_timeout, room))

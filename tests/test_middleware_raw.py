@@ -595,3 +595,64 @@ async def test_deadline_on_a_response_without_content_type_sends_no_frame() -> N
         await mw.drain.drain(timeout=0.05)
     assert [m.get("body") for m in rec.messages[1:]] == [b"partial"]
     assert mw.drain.counters()["truncated"] == {"deadline": 1}
+
+
+async def test_work_admitted_after_the_drain_ended_is_waited_for_within_the_same_deadline() -> None:
+    """
+    1. the preStop drain ends "drained" (nothing in flight)
+    2. a pinned connection brings its one more request (served, with Connection: close)
+    3. SIGTERM's drain call joins: it waits for that request instead of returning at once
+    4. the request ends; the join returns drained, and only one drain is counted
+    """
+    gate = anyio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await gate.wait()
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    mw = make(app, admit_during_propagation=True)
+    first = await mw.drain.drain(propagation_wait=0, timeout=10)
+    assert first.drained
+    mw.drain.pinned.add(("127.0.0.1", 50000))
+    rec = Recorder(mw.drain)
+    results: list[object] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, http_scope(), no_body, rec)
+        await anyio.wait_all_tasks_blocked()
+        assert mw.drain.in_flight == 1
+
+        async def sigterm() -> None:
+            results.append(await mw.drain.drain(reason="SIGTERM"))
+
+        tg.start_soon(sigterm)
+        await anyio.wait_all_tasks_blocked()
+        assert results == []  # still waiting for the pinned request
+        gate.set()
+    [joined] = results
+    assert getattr(joined, "result") == "drained"
+    assert rec.headers[b"connection"] == b"close" and rec.body.endswith(b"[DONE]\n\n")
+    assert mw.drain.counters()["drains"] == {"drained": 1}
+
+
+async def test_work_admitted_after_the_drain_ended_meets_the_original_deadline() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await anyio.sleep_forever()
+
+    mw = make(app, admit_during_propagation=True)
+    assert (await mw.drain.drain(propagation_wait=0, timeout=0.3)).drained
+    mw.drain.pinned.add(("127.0.0.1", 50000))
+    rec = Recorder(mw.drain)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, http_scope(), no_body, rec)
+        await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(5):
+            joined = await mw.drain.drain(reason="SIGTERM")
+    assert joined.result == "timeout" and joined.truncated == 1
+    assert json.loads(rec.messages[1]["body"][len(b"data: ") :])["error"]["type"] == "server_shutdown"
+    # After the deadline a pinned connection is refused like any other.
+    mw.drain.pinned.add(("127.0.0.1", 50000))
+    late = Recorder(mw.drain)
+    await mw(http_scope(), no_body, late)
+    assert late.status == 503
