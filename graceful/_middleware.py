@@ -165,9 +165,12 @@ class GracefulMiddleware:
     def _detect_loop(self) -> asyncio.Task[Any] | None:
         # asyncio tasks are cancelled directly at the deadline; other loops (trio) get a
         # cancel scope per request instead.
-        import sniffio
-
-        self.current_task = asyncio.current_task if sniffio.current_async_library() == "asyncio" else _no_task
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): no asyncio loop runs in this thread
+            self.current_task = _no_task
+        else:
+            self.current_task = asyncio.current_task
         return self.current_task()
 
     async def _refuse(self, scope: Scope, send: Send, reason: str) -> None:
