@@ -25,3 +25,9 @@ def socket_dir() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="g-", dir="/tmp") as path:
         os.chmod(path, 0o700)
         yield path
+
+
+# Fixtures that start real servers, shared by the *_more test files (defined once, next to
+# the tests they grew with).
+from tests.test_cli import served  # noqa: E402, F401
+from tests.test_run import launch  # noqa: E402, F401

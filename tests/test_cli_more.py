@@ -9,44 +9,20 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
 import pytest
-import uvicorn
 from click.testing import CliRunner, Result
-from prometheus_client import CollectorRegistry
 
-from graceful import GracefulMiddleware, State
+from graceful import State
 from graceful.cli import cli, drain_command, main
 from tests.apps_more_workers import FakeWorker, chunk, http_error, ndjson, ndjson_head, status_line
-from tests.apps_streaming import app as streaming_app
-from tests.utils import free_port
+from tests.test_cli import Served
 
 ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-@pytest.fixture
-def served(socket_dir: str) -> Iterator[GracefulMiddleware]:
-    """A real uvicorn with the middleware in a thread; its admin socket is <socket_dir>/<our pid>.sock."""
-    mw = GracefulMiddleware(
-        streaming_app, registry=CollectorRegistry(), socket_dir=socket_dir, grace_period=6, reserve=1
-    )
-    server = uvicorn.Server(uvicorn.Config(mw, host="127.0.0.1", port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    try:
-        yield mw
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture
@@ -68,7 +44,7 @@ def stale(socket_dir: str, pid: int) -> socket.socket:
 
 
 def test_drain_json_shape_with_a_worker_answering_an_http_error(
-    served: GracefulMiddleware, fake: list[FakeWorker], socket_dir: str
+    served: Served, fake: list[FakeWorker], socket_dir: str
 ) -> None:
     """One worker drains, the other answers 503: exit 1, and the JSON names both, one with its error."""
     broken = FakeWorker(os.path.join(socket_dir, "4100.sock"), http_error(503, {"error": "busy"}))
@@ -93,7 +69,7 @@ def test_drain_json_shape_with_a_worker_answering_an_http_error(
     # --quiet still reports when something went wrong.
     assert f'{broken.path}: HTTP 503: {{"error": "busy"}}' in result.stderr
     assert "drained 1 of 2 workers" in result.stderr
-    assert served.drain.state is State.DRAINING
+    assert served.mw.drain.state is State.DRAINING
 
 
 @pytest.mark.parametrize(
@@ -126,7 +102,7 @@ def test_drain_reports_a_worker_that_ends_without_a_result(
     assert "Traceback" not in result.output
 
 
-def test_stale_socket_is_skipped_with_a_note(served: GracefulMiddleware, socket_dir: str) -> None:
+def test_stale_socket_is_skipped_with_a_note(served: Served, socket_dir: str) -> None:
     with stale(socket_dir, 999999):
         result = invoke("drain", "--socket-dir", socket_dir, "--json")
     assert result.exit_code == 0, result.output
@@ -138,9 +114,7 @@ def test_stale_socket_is_skipped_with_a_note(served: GracefulMiddleware, socket_
     assert "drained 1 of 1 worker" in result.stderr
 
 
-def test_status_and_resume_with_several_workers(
-    served: GracefulMiddleware, fake: list[FakeWorker], socket_dir: str
-) -> None:
+def test_status_and_resume_with_several_workers(served: Served, fake: list[FakeWorker], socket_dir: str) -> None:
     """Our worker, a second worker (another pid), a stale socket and a non-socket file:
     `status` shows the two that answer, `resume` talks to every one of them."""
     since = time.time() - 60
@@ -149,7 +123,7 @@ def test_status_and_resume_with_several_workers(
     reply = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
     fake.append(FakeWorker(os.path.join(socket_dir, "4300.sock"), reply))
     Path(socket_dir, "notes.sock").write_text("not a socket")
-    served.drain.begin_drain("test")
+    served.mw.drain.begin_drain("test")
     with stale(socket_dir, 999998):
         status = invoke("status", "--socket-dir", socket_dir)
         rows = json.loads(invoke("status", "--socket-dir", socket_dir, "--json").stdout)
@@ -169,7 +143,7 @@ def test_status_and_resume_with_several_workers(
     assert sorted(resumed.stdout.splitlines()) == sorted(
         [f"worker {os.getpid()}: SERVING (resumed)", "worker 4300: DRAINING (resumed)"]
     )
-    assert served.drain.state is State.SERVING
+    assert served.mw.drain.state is State.SERVING
 
 
 @pytest.mark.parametrize("command", ["status", "resume"])
@@ -195,7 +169,7 @@ def test_socket_and_socket_dir_together_exit_2(socket_dir: str, command: str) ->
     assert "use --socket-dir or --socket, not both" in result.stderr
 
 
-def test_embedding_cli_may_give_durations_as_seconds(served: GracefulMiddleware, socket_dir: str) -> None:
+def test_embedding_cli_may_give_durations_as_seconds(served: Served, socket_dir: str) -> None:
     """An app's own CLI can set drain defaults as plain floats through click's default_map."""
 
     @click.group()

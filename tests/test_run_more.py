@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -28,23 +28,6 @@ from tests.test_run import Launched, start_streams
 from tests.utils import free_port
 
 ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-@pytest.fixture
-def launch(socket_dir: str, tmp_path: Path) -> Iterator[Callable[..., Launched]]:
-    started: list[Launched] = []
-
-    def start(*options: str, app: str = "tests.apps_streaming:app") -> Launched:
-        port = free_port()
-        command = [sys.executable, "-m", "graceful", "run", app, "--port", str(port)]
-        command += ["--grace-period", "6", "--reserve", "1", *options]
-        server = Launched(command, socket_dir, port, tmp_path / f"server-{len(started)}.log")
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def graceful(*args: str) -> subprocess.CompletedProcess[str]:
