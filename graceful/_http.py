@@ -155,10 +155,7 @@ class Call:
         if kind == "http.response.body":
             await self._send(message)
             if self.open:
-                self.open = False
-                drain = self.drain
-                del drain._live[self]
-                drain._release(COMPLETED)
+                self.finish(COMPLETED)
             return
         if kind == "http.response.start":
             self.started = True
