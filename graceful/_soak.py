@@ -558,13 +558,15 @@ def soak_command(
         try:
             result = anyio.run(_run_cli, config, write)
         except BaseException as exc:
-            # A second Ctrl-C may surface inside a task group, wrapped in an exception group.
+            # Ctrl-C outside the main thread's receiver may surface inside a task group, wrapped in a group.
             if _interrupted(exc):
                 raise click.Abort() from None
             raise
     finally:
         if sink is not None:
             sink.close()
+    if result is None:
+        raise click.Abort()
     _finish(result, report, plot)
 
 
@@ -590,22 +592,29 @@ def _finish(result: SoakReport, report: str | None, plot: str | None) -> NoRetur
     raise SystemExit(result.exit_code)
 
 
-async def _run_cli(config: SoakConfig, write: Callable[[RequestRecord], None]) -> SoakReport:
+async def _run_cli(config: SoakConfig, write: Callable[[RequestRecord], None]) -> SoakReport | None:
+    """Run the soak; ``None`` when a second signal aborted it."""
     stop = anyio.Event()
+    result: SoakReport | None = None
     async with anyio.create_task_group() as tg:
         if threading.current_thread() is threading.main_thread():
-            tg.start_soon(_stop_on_signal, stop)
+            tg.start_soon(_stop_on_signal, stop, tg.cancel_scope)
         result = await run_soak(config, stop=stop, on_record=write)
         tg.cancel_scope.cancel()
     return result
 
 
-async def _stop_on_signal(stop: anyio.Event) -> None:
-    # The first Ctrl-C stops new requests and lets in-flight ones finish; leaving the
-    # receiver restores the default handlers, so a second one aborts.
-    # Say so only after leaving the receiver: a second signal sent once the message is
-    # visible must meet the default handlers, not a receiver nobody reads any more.
+async def _stop_on_signal(stop: anyio.Event, run: anyio.CancelScope) -> None:
+    # The first Ctrl-C (or SIGTERM) stops new requests and lets in-flight ones finish; the
+    # second cancels the run. The receiver stays open for both: a KeyboardInterrupt raised
+    # through the event loop would leave task groups to die unretrieved, and asyncio logs
+    # their tracebacks as the process exits.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        signum = await anext(aiter(signals))
-    click.echo(f"graceful soak: {signal.Signals(signum).name}: no new requests; waiting for those in flight", err=True)
-    stop.set()
+        received = aiter(signals)
+        signum = await anext(received)
+        click.echo(
+            f"graceful soak: {signal.Signals(signum).name}: no new requests; waiting for those in flight", err=True
+        )
+        stop.set()
+        await anext(received)
+        run.cancel()
