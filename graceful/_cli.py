@@ -52,7 +52,21 @@ socket_dir_option = click.option(
 socket_option = click.option("--socket", type=click.Path(dir_okay=False), help="Talk to this one socket only.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """Loads ``soak`` only when it is asked for: the preStop hook must not pay for its imports."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), "soak"])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "soak":
+            from ._cli_soak import soak_command
+
+            return soak_command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="graceful-drain", prog_name="graceful", message="%(prog)s %(version)s")
 def cli() -> None:
     """Take an inference server out of service without losing a request."""
@@ -260,15 +274,6 @@ def run_command(ctx: click.Context, /, app: str, workers: int, log_level: str, *
     except ConfigError as exc:
         _fail(ctx, str(exc))
     ctx.exit(code)
-
-
-def _add_soak() -> None:
-    from ._soak import soak_command
-
-    cli.add_command(soak_command)
-
-
-_add_soak()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,5 +7,6 @@
 from __future__ import annotations
 
 from ._cli import cli, drain_command, main
+from ._cli_soak import soak_command
 
-__all__ = ["cli", "drain_command", "main"]
+__all__ = ["cli", "drain_command", "main", "soak_command"]

@@ -38,7 +38,25 @@ def test_public_modules() -> None:
     from graceful import cli, engine
 
     assert callable(cli.main) and cli.drain_command.name == "drain"
+    assert cli.soak_command.name == "soak" and sorted(cli.__all__) == ["cli", "drain_command", "main", "soak_command"]
     assert callable(engine.wait_idle)
+
+
+def test_soak_exports_library_names_only() -> None:
+    from graceful import soak
+
+    assert sorted(soak.__all__) == ["Attempt", "RequestRecord", "SoakConfig", "SoakReport", "run_soak"]
+    assert not hasattr(soak, "soak_command")
+
+
+def test_soak_loads_only_when_asked_for() -> None:
+    code = (
+        "import sys, graceful._cli as c; before = 'graceful._soak' in sys.modules; "
+        "c.main(['soak', '--help']); print(before, 'graceful._cli_soak' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "Send short, long and streaming requests" in out
+    assert out.split()[-2:] == ["False", "True"]
 
 
 def test_the_drain_command_does_not_import_the_middleware() -> None:

@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from graceful._budget import ConfigError
-from graceful._soak import SoakConfig, endpoint, parse_weights, run_soak, soak_command
+from graceful._cli_soak import soak_command
+from graceful._soak import SoakConfig, endpoint, parse_weights, run_soak
 from graceful._soak_report import RequestRecord, SoakReport
 from tests.apps_openai import (
     Mode,
@@ -328,7 +329,7 @@ async def test_subprocess_sigint_stops_new_requests_and_still_reports() -> None:
     """1. `soak` runs in a real process for up to 30 s 2. requests reach the server 3. SIGINT
     4. in-flight requests finish, the table is printed and the exit code judges what was sent."""
     app = OpenAIApp(token_delay=0.005)
-    code = "from graceful._soak import soak_command; soak_command()"
+    code = "from graceful._cli_soak import soak_command; soak_command()"
     async with run_uvicorn(app) as server:
         args = [f"http://127.0.0.1:{server.port}", "--duration", "30s", "--concurrency", "2", "--lengths", "stream=20"]
         process = await anyio.open_process([sys.executable, "-c", code, *args])

@@ -15,7 +15,8 @@ import anyio.abc
 import pytest
 from click.testing import CliRunner
 
-from graceful._soak import SoakConfig, run_soak, soak_command
+from graceful._cli_soak import soak_command
+from graceful._soak import SoakConfig, run_soak
 from graceful._soak_report import SoakReport
 from tests.apps_openai import Answer, Frames, OpenAIApp, Status, chunk, completion, read_request
 from tests.utils import free_port, run_uvicorn
@@ -297,7 +298,7 @@ async def test_subprocess_second_ctrl_c_aborts_a_run_waiting_for_stalled_request
     it says so, starts nothing new and waits for them 3. a second Ctrl-C, sent as soon as the
     message shows, cancels the run at once: exit 1, no verdict, no traceback."""
     app = OpenAIApp(plan=lambda n, body: "stall")
-    code = "from graceful._soak import soak_command; soak_command()"
+    code = "from graceful._cli_soak import soak_command; soak_command()"
     async with run_uvicorn(app) as server:
         args = [f"http://127.0.0.1:{server.port}", "--concurrency", "2", "--mix", "short=1", "--timeout", "60s"]
         process = await anyio.open_process([sys.executable, "-c", code, *args])
