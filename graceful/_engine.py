@@ -725,7 +725,8 @@ class _Progress:
 
 
 def _env_fallbacks(timeout: float | None, grace_period: float | None) -> tuple[float | None, float | None]:
-    # DRAIN_TIMEOUT and GRACE_SECONDS are the kthena hook's names, read so this is a drop-in replacement.
+    # DRAIN_TIMEOUT and GRACE_SECONDS are the names of the hook proposed for kthena (its lossless-upgrade
+    # pull request), read so this drops into pods that set them. kthena's released hooks read neither.
     if timeout is None:
         timeout = env_duration("DRAIN_TIMEOUT")
     for var in ("GRACEFUL_GRACE_PERIOD", "GRACE_SECONDS"):
