@@ -151,6 +151,7 @@ _SGLANG_PD = (
 _TRITON_BACKENDS = (
     'nv_trt_llm_request_metrics{request_type="active"}',  # TensorRT-LLM backend: in the executor
     "vllm:num_requests_running",  # vLLM backend
+    'nv_trt_llm_request_metrics{request_type="waiting"}',  # TensorRT-LLM: queued in the executor (newer)
     "vllm:num_requests_waiting",
 )
 
@@ -194,8 +195,8 @@ PRESETS: Mapping[str, EnginePreset] = {
         # Triton's pending count covers queued requests only; executing ones show in the backend's gauges.
         EnginePreset(
             "triton",
-            (_TRITON_BACKENDS[0], _TRITON_BACKENDS[1]),
-            ("nv_inference_pending_request_count", _TRITON_BACKENDS[2]),
+            _TRITON_BACKENDS[:2],
+            ("nv_inference_pending_request_count", *_TRITON_BACKENDS[2:]),
             "http://127.0.0.1:8002/metrics",
             optional=_TRITON_BACKENDS,
         ),

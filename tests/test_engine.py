@@ -678,7 +678,7 @@ def test_label_selector_sums_only_matching_series() -> None:
             name,
             f'{name}{{request_type="active"}}',
             f'{name}{{request_type="max", model="tensorrt_llm"}}',
-            f'{name}{{request_type="waiting"}}',
+            f'{name}{{request_type="paused"}}',
             'nv_inference_pending_request_count{model="tensorrt_llm",version="1"}',
         ],
     )
@@ -875,6 +875,17 @@ async def test_triton_trtllm_idle_once_active_reads_zero(serve: Any, capsys: pyt
     result, err = json_result(capsys)
     assert result["reads"] == 3 and set(result["values"].values()) == {0.0}
     assert "engine idle (running=0 waiting=0)" in err and "warning" not in err
+
+
+async def test_triton_trtllm_requests_queued_in_the_executor_keep_waiting(serve: Any) -> None:
+    """Newer TensorRT-LLM backends also report requests queued in the executor (``request_type="waiting"``)."""
+    active = 'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active"'
+    waiting = 'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting"'
+    queued = set_series(set_series(engine_page("triton_trtllm"), active, "0"), waiting, "2")
+    idle = set_series(queued, waiting, "0")
+    engine = ScriptedEngine(queued, queued, idle)
+    result = await wait_idle("triton", metrics_url=await serve(engine), interval=EXACT, timeout=5)
+    assert result.idle and result.reads == 4
 
 
 async def test_triton_vllm_backend_running_requests_keep_waiting(serve: Any) -> None:
