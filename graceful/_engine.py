@@ -621,12 +621,13 @@ async def _poll(
             judged: dict[str, float | None] | None = None
             still = True
             if read.values is not None:
-                counters = {name: read.values.pop(name) for name in activity}
-                if moved is not None:
-                    still = all(a is None or b is None or a == b for a, b in zip(moved.values(), counters.values()))
+                watched = dict(read.values)
+                counters = {name: watched.pop(name) for name in activity}
+                # A counter that appears (prometheus-client creates a labelled series on first use) moved too.
+                still = moved is None or moved == counters
                 moved = counters
-                fresh = read.fresh and all(value is None for value in read.values.values())
-                judged = _apply_rules(rules, read.values, fresh)
+                fresh = read.fresh and all(value is None for value in watched.values())
+                judged = _apply_rules(rules, watched, fresh)
                 values = judged
                 if fresh and "fresh" not in warned:
                     warned.add("fresh")

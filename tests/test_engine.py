@@ -957,6 +957,17 @@ async def test_sglang_zero_gauges_while_requests_move_is_not_idle(serve: Any) ->
     assert [p.idle_streak for p in progress] == [1, 0, 0, 1, 2]
 
 
+async def test_sglang_counter_that_appears_counts_as_movement(serve: Any) -> None:
+    """A fresh SGLang has no request counter until its first request finishes: the counter appearing is work."""
+    before = "\n".join(line for line in sglang_idle(1).splitlines() if "num_requests_total" not in line)
+    engine = ScriptedEngine(before, sglang_idle(1), sglang_idle(1))
+    progress: list[EngineProgress] = []
+    result = await wait_idle(
+        SGLANG_NOW, metrics_url=await serve(engine), interval=EXACT, timeout=5, on_progress=progress.append
+    )
+    assert result.idle and [p.idle_streak for p in progress] == [1, 0, 1, 2]
+
+
 async def test_sglang_zero_reads_must_span_the_minimum_time(serve: Any) -> None:
     """Two zero reads 0.1 s apart are not enough when the preset asks for 0.5 s of zeros."""
     preset = dataclasses.replace(PRESETS["sglang"], min_idle_span=0.5)
