@@ -215,32 +215,33 @@ def _prefilter(page: str, names: Collection[str]) -> str:
     """Keep only the lines about ``names`` (and their HELP/TYPE lines), in page order.
 
     Real vLLM pages run to hundreds of KB of histogram buckets; the text parser costs
-    microseconds per line, ``str.find`` costs nanoseconds per byte.
+    microseconds per line, ``str.find`` costs nanoseconds per byte. A metric name occurs
+    a handful of times on a page, so each occurrence may cost a look at its own line.
     """
     # A counter is one metric under two names: prometheus-client writes ``foo_total``,
     # other exporters (TGI, Triton) write ``foo``, and the parser reports ``foo_total``.
     related = set(names) | {name + "_total" for name in names}
     related |= {name[: -len("_total")] for name in names if name.endswith("_total")}
-    probes = [("\n" + name, "{ \t") for name in related]
-    probes += [(f"\n# {kind} {name}", " \t\r\n") for name in related for kind in ("HELP", "TYPE")]
     text = "\n" + page
-    if "\n " in text or "\n\t" in text:
-        # Leading whitespace is valid before a sample; rare, so only such pages pay for the rewrite.
-        text = _INDENT.sub("\n", text)
-    spans: list[tuple[int, int]] = []
-    for probe, delimiters in probes:
-        pos = text.find(probe)
+    spans: set[tuple[int, int]] = set()
+    for name in related:
+        pos = text.find(name)
         while pos != -1:
-            after = pos + len(probe)
-            if after == len(text) or text[after] in delimiters:
+            after = pos + len(name)
+            following = text[after] if after < len(text) else "\n"
+            start = text.rfind("\n", 0, pos) + 1
+            prefix = text[start:pos]
+            # A sample line (leading spaces or tabs are valid), or this name's HELP or TYPE line.
+            sample = following in "{ \t" and not prefix.strip(" \t")
+            comment = following in " \t\r\n" and prefix[-1:] in (" ", "\t") and prefix.split() in _COMMENTS
+            if sample or comment:
                 end = text.find("\n", after)
-                spans.append((pos + 1, len(text) if end == -1 else end))
-            pos = text.find(probe, after)
-    spans.sort()
-    return "".join(text[start:end] + "\n" for start, end in spans)
+                spans.add((start, len(text) if end == -1 else end))
+            pos = text.find(name, after)
+    return "".join(text[start:end].lstrip(" \t") + "\n" for start, end in sorted(spans))
 
 
-_INDENT = re.compile(r"\n[ \t]+")
+_COMMENTS = (["#", "HELP"], ["#", "TYPE"])
 _SUMMED = ("counter", "unknown", "untyped")
 
 
