@@ -2,7 +2,7 @@
 
 vLLM, SGLang, TGI and Triton each publish how many requests they are running and
 queueing on a Prometheus ``/metrics`` page. Polling that page until it reads zero is
-what the shell hooks in the field do (kthena's ModelServing preStop, for one); this
+what the shell hooks in the field do (the preStop of kthena's released ModelBooster vLLM template, for one); this
 module does it without their known faults:
 
 - metric names are matched exactly, so ``vllm:num_requests_waiting_by_reason`` never
@@ -51,7 +51,7 @@ logger = logging.getLogger("graceful.engine")
 EngineOutcome = Literal["idle", "timeout", "gone"]
 
 MAX_KV_BUFFER = 30.0
-# The 70% rule of the hook proposed for kthena's ModelServing (the seed pull request): leave 30% of
+# The 70% rule of the hook proposed for kthena's ModelServing (its lossless-upgrade pull request): leave 30% of
 # the grace period for SIGTERM, the engine's own shutdown and process exit.
 GRACE_SHARE = 0.7
 REFUSED_READS = 3
