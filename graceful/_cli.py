@@ -82,7 +82,7 @@ def cli() -> None:
 @click.option("--json", "json_output", is_flag=True, help="Print the outcome as JSON on stdout.")
 @click.option("--engine", type=click.Choice(ENGINES), default=None, help="Drain an inference engine by its metrics.")
 @click.option("--metrics-url", default=None, help="Engine metrics endpoint (Prometheus text).")
-@click.option("--metric", "metrics", multiple=True, help="Metric that counts in-flight work (repeatable).")
+@click.option("--metric", "metrics", multiple=True, help='In-flight metric: NAME or NAME{label="v"}; repeatable.')
 @click.option("--interval", type=DURATION, default="1s", show_default=True, help="Engine metrics poll interval.")
 @click.option("--idle-reads", type=click.IntRange(min=1), default=2, show_default=True, help="Zero reads in a row.")
 @click.option("--kv-buffer", type=DURATION, default="0", show_default=True, help="Extra wait after the engine idles.")

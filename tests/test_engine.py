@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gzip
 import http.server
 import json
 import math
+import os
 import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +34,7 @@ from tests.utils import free_port, run_uvicorn
 pytestmark = pytest.mark.anyio
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+ENGINES = Path(__file__).parent / "fixtures" / "engines"
 VLLM = PRESETS["vllm"].metrics
 # Tests that count reads exactly poll slower, so a loaded machine cannot turn a read into a read timeout.
 EXACT = 0.1
@@ -67,7 +74,9 @@ IDLE = vllm_page(("0.0", "-0"), ("0", "0e+00"))
     ],
 )
 def test_presets_sum_every_series(name: str, engine: str, expected: tuple[float, ...]) -> None:
-    values = read_metrics(fixture(name), PRESETS[engine].metrics)
+    """The required metrics of each preset (the optional ones are absent from these older pages)."""
+    required = PRESETS[engine].required
+    values = read_metrics(fixture(name), required)
     assert tuple(values.values()) == expected
 
 
@@ -233,7 +242,9 @@ def cli_args(**overrides: Any) -> dict[str, Any]:
         ({"engine": "ollama"}, {}, "unknown engine 'ollama'"),
         ({"engine": None}, {}, "no metrics to watch"),
         ({"engine": None, "metrics": ("x",)}, {}, "no metrics URL"),
-        ({"metrics": ('vllm:num_requests_running{engine="0"}',)}, {}, "not a Prometheus metric name"),
+        ({"metrics": ("vllm:num_requests_running{engine=0}",)}, {}, "'vllm:num_requests_running{engine=0}' has a mal"),
+        ({"metrics": ('vllm:num_requests_running{engine="0"',)}, {}, "has an unclosed label selector"),
+        ({"metrics": ("9lives",)}, {}, "'9lives' is not a Prometheus metric name; give NAME or NAME{label="),
         ({"metrics_url": "127.0.0.1:8000/metrics"}, {}, "not an http(s) URL"),
         ({"metrics_url": "http://[::1/metrics"}, {}, "not an http(s) URL"),
         ({"metrics_url": "http:///metrics"}, {}, "not an http(s) URL"),
@@ -274,6 +285,8 @@ class Reply:
     status: int = 200
     delay: float = 0.0
     content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+    raw: bytes | None = None  # sent as is instead of the encoded body
 
 
 class ScriptedEngine:
@@ -292,8 +305,9 @@ class ScriptedEngine:
         reply = self.script[min(self.reads, len(self.script) - 1)]
         self.read_times.append(anyio.current_time())
         await anyio.sleep(reply.delay)
-        body = reply.body.encode()
+        body = reply.body.encode() if reply.raw is None else reply.raw
         headers = [(b"content-type", reply.content_type.encode()), (b"content-length", str(len(body)).encode())]
+        headers += [(name.encode(), value.encode()) for name, value in reply.headers]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -573,9 +587,12 @@ async def test_other_presets_against_a_server(engine_name: str, serve: Any) -> N
     busy = {"sglang": "sglang_busy", "tgi": "tgi", "triton": "triton"}[engine_name]
     idle_page = fixture(busy)
     for metric in PRESETS[engine_name].metrics:
-        idle_page = re.sub(rf"^({re.escape(metric)}(?:{{.*}})?) \S+$", r"\1 0", idle_page, flags=re.M)
+        name = metric.split("{")[0]
+        idle_page = re.sub(rf"^({re.escape(name)}(?:{{.*}})?) \S+$", r"\1 0", idle_page, flags=re.M)
     engine = ScriptedEngine(fixture(busy), idle_page)
-    result = await wait_idle(engine_name, metrics_url=await serve(engine), interval=EXACT, timeout=5)
+    # SGLang's minimum idle span is for real engines; here the reads are 0.1 s apart.
+    preset = dataclasses.replace(PRESETS[engine_name], min_idle_span=0.0)
+    result = await wait_idle(preset, metrics_url=await serve(engine), interval=EXACT, timeout=5)
     assert result.idle and result.reads == 3
     assert set(result.values.values()) == {0.0}
 
@@ -601,3 +618,412 @@ def test_fixtures_hold_every_number_format() -> None:
     text = "\n".join(fixture(path.stem) for path in FIXTURES.glob("*.txt"))
     for literal in (" 0\n", " 0.0\n", " 0e+00\n", " 1e3\n", " +Inf\n", " NaN\n", " -0\n", 'le="+Inf"'):
         assert literal in text, literal
+
+
+# --------------------------------------------------------------------------- issue 12: pages from upstream source
+
+
+def engine_page(name: str) -> str:
+    return (ENGINES / f"{name}.txt").read_text()
+
+
+def set_series(page: str, line_start: str, value: str) -> str:
+    """``page`` with the one sample line that starts with ``line_start`` set to ``value``."""
+    lines = [line for line in page.splitlines() if line.startswith(line_start)]
+    assert len(lines) == 1, line_start
+    return page.replace(lines[0], lines[0].rsplit(" ", 1)[0] + " " + value)
+
+
+def test_every_engine_fixture_names_its_upstream_source() -> None:
+    pages = sorted(ENGINES.glob("*.txt"))
+    assert len(pages) >= 6
+    for path in pages:
+        head = path.read_text().splitlines()[0]
+        assert head.startswith("# Built from ") and "/" in head, path.name
+        list(text_string_to_metric_families(path.read_text()))  # valid text exposition
+
+
+def test_counter_family_exposed_as_total_answers_to_its_name() -> None:
+    """OpenMetrics names the family X and the sample X_total; the text parser files them apart."""
+    page = '# HELP jobs_started Jobs started.\n# TYPE jobs_started counter\njobs_started_total{q="a"} 4\n'
+    assert read_metrics(page, ["jobs_started", "jobs_started_total"]) == {
+        "jobs_started": 4.0,
+        "jobs_started_total": 4.0,
+    }
+
+
+def test_exact_name_first_a_gauge_and_an_unrelated_counter() -> None:
+    page = (
+        '# TYPE inflight gauge\ninflight{w="0"} 0\ninflight{w="1"} 0\n'
+        "# TYPE inflight_total counter\ninflight_total 57\n"
+    )
+    assert read_metrics(page, ["inflight", "inflight_total"]) == {"inflight": 0.0, "inflight_total": 57.0}
+
+
+def test_sample_lines_with_leading_whitespace_are_parsed() -> None:
+    page = BUSY.replace("vllm:num_requests_running{", "  vllm:num_requests_running{").replace(
+        "# TYPE vllm:num_requests_waiting", " \t# TYPE vllm:num_requests_waiting"
+    )
+    page = page.replace("vllm:num_requests_waiting{", "\tvllm:num_requests_waiting{")
+    assert page.count("\n  vllm:num_requests_running{") == 2 and page.count("\n\tvllm:num_requests_waiting{") == 2
+    assert read_metrics(page, VLLM) == {"vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0}
+
+
+def test_label_selector_sums_only_matching_series() -> None:
+    page = engine_page("triton_trtllm")
+    name = "nv_trt_llm_request_metrics"
+    got = read_metrics(
+        page,
+        [
+            name,
+            f'{name}{{request_type="active"}}',
+            f'{name}{{request_type="max", model="tensorrt_llm"}}',
+            f'{name}{{request_type="paused"}}',
+            'nv_inference_pending_request_count{model="tensorrt_llm",version="1"}',
+        ],
+    )
+    assert list(got.values()) == [77.0, 6.0, 64.0, None, 0.0]
+
+
+def test_label_selector_values_may_hold_escapes() -> None:
+    page = '# TYPE q gauge\nq{path="C:\\\\x",say="a \\"b\\", {c}"} 2\nq{path="y"} 3\n'
+    assert read_metrics(page, ['q{say="a \\"b\\", {c}"}', 'q{path="C:\\\\x"}']) == {
+        'q{say="a \\"b\\", {c}"}': 2.0,
+        'q{path="C:\\\\x"}': 2.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("metric", "message"),
+    [
+        ("q{a=1}", "'q{a=1}' has a malformed label selector"),
+        ('q{a="1" b="2"}', "has a malformed label selector"),
+        ('q{a="1"', "has an unclosed label selector"),
+        ("q{}", "has an empty label selector"),
+        ('q{a="1",a="2"}', "names label 'a' twice"),
+    ],
+)
+def test_bad_selector_is_a_usage_error_naming_the_value_and_the_fix(
+    metric: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_engine_drain(**cli_args(engine=None, metrics_url="http://127.0.0.1:9/metrics", metrics=(metric,))) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert message in err and """NAME{label="value",...}""" in err and "request_type=" in err
+
+
+async def test_selector_from_the_command_line(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``max`` is the batcher's capacity (64): only the selector keeps it out of the sum."""
+    page = set_series(
+        engine_page("triton_trtllm"), 'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active"', "0"
+    )
+    metric = 'nv_trt_llm_request_metrics{request_type="active"}'
+    url = await serve(ScriptedEngine(page))
+    assert await drain_cli(engine=None, metrics_url=url, metrics=(metric,)) == 0
+    result, _ = json_result(capsys)
+    assert result["values"] == {metric: 0.0}
+    assert await drain_cli(engine=None, metrics_url=url, metrics=("nv_trt_llm_request_metrics",), timeout=0.3) == 1
+    result, _ = json_result(capsys)
+    assert result["values"] == {"nv_trt_llm_request_metrics": 71.0}
+
+
+# ---- budget as a hard limit, against a real slow server and the real CLI
+
+
+class SlowEngine:
+    """A raw TCP server on 127.0.0.1 that answers every GET the way ``mode`` says, slowly."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.first_accept: float | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+
+    def serve(self) -> None:
+        self.listener.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            if self.first_accept is None:
+                self.first_accept = time.monotonic()
+            threading.Thread(target=self.answer, args=(conn,), daemon=True).start()
+
+    def answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                if self.mode == "pieces":  # a 500 KB page, 16 KiB every 0.4 s
+                    body = big_vllm_page().encode()
+                    conn.sendall(head + f"Content-Length: {len(body)}\r\n\r\n".encode())
+                    for start in range(0, len(body), 16384):
+                        if self.stop.wait(0.4):
+                            return
+                        conn.sendall(body[start : start + 16384])
+                elif self.mode == "bytes":  # one byte every 0.2 s
+                    body = BUSY.encode()
+                    conn.sendall(head + f"Content-Length: {len(body)}\r\n\r\n".encode())
+                    for index in range(len(body)):
+                        if self.stop.wait(0.2):
+                            return
+                        conn.sendall(body[index : index + 1])
+                else:  # headers, then nothing
+                    conn.sendall(head + b"Content-Length: 1000\r\n\r\n")
+                    self.stop.wait(30)
+            except OSError:
+                pass
+
+    def __enter__(self) -> SlowEngine:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+@pytest.mark.parametrize(("mode", "interval"), [("pieces", "1s"), ("bytes", "10s"), ("hang", "10s")])
+def test_slow_engine_ends_at_the_budget_within_half_a_second(mode: str, interval: str) -> None:
+    """``graceful drain`` in a subprocess: exit 1 no later than budget + 0.5 s after the hook's first read began."""
+    budget = 2.0
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    for var in ("DRAIN_TIMEOUT", "GRACE_SECONDS", "GRACEFUL_GRACE_PERIOD"):
+        env.pop(var, None)
+    with SlowEngine(mode) as engine:
+        command = [sys.executable, "-m", "graceful", "drain", "--engine", "vllm", "--json", "--timeout", f"{budget}s"]
+        command += ["--metrics-url", f"http://127.0.0.1:{engine.port}/metrics", "--interval", interval]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+        ended = time.monotonic()
+    assert engine.first_accept is not None, proc.stderr
+    elapsed = ended - engine.first_accept
+    assert proc.returncode == 1, proc.stderr
+    assert elapsed <= budget + 0.5, f"{elapsed:.2f}s"
+    result = json.loads(proc.stdout)
+    assert result["result"] == "timeout" and result["last_error"].startswith("no answer within")
+    assert f"budget of {budget:g}s ran out" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- no response crashes the hook
+
+
+def gzip_reply(body: bytes) -> Reply:
+    return Reply("", raw=body, headers=(("content-encoding", "gzip"),))
+
+
+async def test_broken_gzip_keeps_polling_then_idle(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A body marked gzip that is not gzip: three unreadable reads, one warning, then two good idle reads."""
+    broken = gzip_reply(b"this is not gzip at all")
+    engine = ScriptedEngine(broken, broken, broken, gzip_reply(gzip.compress(IDLE.encode())), IDLE)
+    assert await drain_cli(metrics_url=await serve(engine), quiet=False) == 0
+    result, err = json_result(capsys)
+    assert result["result"] == "idle" and result["reads"] == 5 and engine.reads == 5
+    assert err.count("warning:") == 1 and "cannot be read" in err and "bad Content-Encoding" in err
+    assert "Traceback" not in err
+
+
+async def test_broken_gzip_all_along_ends_at_the_budget(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = ScriptedEngine(gzip_reply(b"plain text, not gzip"))
+    assert await drain_cli(metrics_url=await serve(engine), timeout=0.5) == 1
+    result, err = json_result(capsys)
+    assert engine.reads >= 3 and result["last_error"].startswith("unreadable page: bad Content-Encoding")
+    assert "last read: unreadable page" in err and err.count("warning:") == 1
+
+
+async def test_bad_utf8_is_an_unreadable_read(serve: Any) -> None:
+    engine = ScriptedEngine(Reply("", raw=IDLE.encode() + b"\n# \xff\xfe\n"), IDLE, IDLE)
+    progress: list[EngineProgress] = []
+    warnings: list[str] = []
+    result = await wait_idle(
+        "vllm",
+        metrics_url=await serve(engine),
+        interval=EXACT,
+        timeout=5,
+        on_progress=progress.append,
+        on_warning=warnings.append,
+    )
+    assert result.idle and result.reads == 3
+    assert progress[0].error is not None and progress[0].error.startswith("unreadable page: not utf-8 text")
+    assert len(warnings) == 1
+
+
+# ---- presets that see all the work
+
+
+async def test_triton_trtllm_page_with_active_requests_keeps_waiting(
+    serve: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pending reads 0 in every model, 6 requests execute in TensorRT-LLM: not idle."""
+    engine = ScriptedEngine(engine_page("triton_trtllm"))
+    assert await drain_cli(engine="triton", metrics_url=await serve(engine), timeout=0.5) == 1
+    result, err = json_result(capsys)
+    assert result["values"]['nv_trt_llm_request_metrics{request_type="active"}'] == 6.0
+    assert result["values"]["nv_inference_pending_request_count"] == 0.0
+    assert "ran out with running=6 waiting=0" in err and "warning" not in err
+
+
+async def test_triton_trtllm_idle_once_active_reads_zero(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The vLLM backend's gauges are absent from a TensorRT-LLM page: not this backend, they count 0."""
+    busy = engine_page("triton_trtllm")
+    idle = set_series(busy, 'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active"', "0")
+    engine = ScriptedEngine(busy, idle)
+    assert await drain_cli(engine="triton", metrics_url=await serve(engine), quiet=False) == 0
+    result, err = json_result(capsys)
+    assert result["reads"] == 3 and set(result["values"].values()) == {0.0}
+    assert "engine idle (running=0 waiting=0)" in err and "warning" not in err
+
+
+async def test_triton_trtllm_requests_queued_in_the_executor_keep_waiting(serve: Any) -> None:
+    """Newer TensorRT-LLM backends also report requests queued in the executor (``request_type="waiting"``)."""
+    active = 'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active"'
+    waiting = 'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting"'
+    queued = set_series(set_series(engine_page("triton_trtllm"), active, "0"), waiting, "2")
+    idle = set_series(queued, waiting, "0")
+    engine = ScriptedEngine(queued, queued, idle)
+    result = await wait_idle("triton", metrics_url=await serve(engine), interval=EXACT, timeout=5)
+    assert result.idle and result.reads == 4
+
+
+async def test_triton_vllm_backend_running_requests_keep_waiting(serve: Any) -> None:
+    busy = engine_page("triton_vllm_backend")
+    idle = set_series(set_series(busy, "vllm:num_requests_running{", "0"), "vllm:num_requests_waiting{", "0")
+    engine = ScriptedEngine(busy, busy, idle)
+    result = await wait_idle("triton", metrics_url=await serve(engine), interval=EXACT, timeout=5)
+    assert result.idle and result.reads == 4
+
+
+async def test_triton_without_its_own_pending_metric_is_unknown(serve: Any) -> None:
+    """Backend gauges are optional; Triton's own pending count is required."""
+    page = engine_page("triton_vllm_backend").replace("nv_inference_pending_request_count{", "nv_other{")
+    page = set_series(set_series(page, "vllm:num_requests_running{", "0"), "vllm:num_requests_waiting{", "0")
+    warnings: list[str] = []
+    result = await wait_idle(
+        "triton",
+        metrics_url=await serve(ScriptedEngine(page)),
+        interval=0.05,
+        timeout=0.4,
+        on_warning=warnings.append,
+    )
+    assert result.result == "timeout" and result.values["nv_inference_pending_request_count"] is None
+    assert len(warnings) == 1 and "'nv_inference_pending_request_count' is absent from the page" in warnings[0]
+
+
+SGLANG_NOW = dataclasses.replace(PRESETS["sglang"], min_idle_span=0.0)
+
+
+async def test_sglang_prefill_with_bootstrap_and_transfer_requests_keeps_waiting(
+    serve: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's prefill worker: 0 running, 0 queued, 3 in bootstrap, 2 sending KV."""
+    engine = ScriptedEngine(engine_page("sglang_prefill"))
+    assert await drain_cli(engine="sglang", metrics_url=await serve(engine), timeout=0.5) == 1
+    result, err = json_result(capsys)
+    assert result["values"]["sglang:num_prefill_prealloc_queue_reqs"] == 3.0
+    assert result["values"]["sglang:num_prefill_inflight_queue_reqs"] == 2.0
+    assert "ran out with running=2 waiting=3" in err
+
+
+async def test_sglang_decode_transfer_queue_keeps_waiting_and_old_pages_still_drain(serve: Any) -> None:
+    page = engine_page("sglang_prefill")
+    for name in ("prealloc", "inflight"):
+        page = set_series(page, f"sglang:num_prefill_{name}_queue_reqs{{", "0")
+    decode = set_series(page, "sglang:num_decode_transfer_queue_reqs{", "4")
+    older = "\n".join(line for line in page.splitlines() if "_queue_reqs" not in line or "num_queue_reqs" in line)
+    engine = ScriptedEngine(decode, decode, older)
+    result = await wait_idle(SGLANG_NOW, metrics_url=await serve(engine), interval=EXACT, timeout=5)
+    assert result.idle and result.reads == 4  # the PD gauges are absent from the older page: 0
+    assert result.values["sglang:num_decode_transfer_queue_reqs"] == 0.0
+
+
+def sglang_idle(finished: int) -> str:
+    page = engine_page("sglang_prefill")
+    for name in ("prealloc", "inflight"):
+        page = set_series(page, f"sglang:num_prefill_{name}_queue_reqs{{", "0")
+    return set_series(page, "sglang:num_requests_total{", f"{finished}.0")
+
+
+async def test_sglang_zero_gauges_while_requests_move_is_not_idle(serve: Any) -> None:
+    """SGLang logs a new request's own prefill batch as 0 running, 0 queued: counters that move say otherwise."""
+    engine = ScriptedEngine(sglang_idle(1211), sglang_idle(1212), sglang_idle(1213), sglang_idle(1213))
+    progress: list[EngineProgress] = []
+    result = await wait_idle(
+        SGLANG_NOW, metrics_url=await serve(engine), interval=EXACT, timeout=5, on_progress=progress.append
+    )
+    assert result.idle and result.reads == 5
+    assert [p.idle_streak for p in progress] == [1, 0, 0, 1, 2]
+
+
+async def test_sglang_counter_that_appears_counts_as_movement(serve: Any) -> None:
+    """A fresh SGLang has no request counter until its first request finishes: the counter appearing is work."""
+    before = "\n".join(line for line in sglang_idle(1).splitlines() if "num_requests_total" not in line)
+    engine = ScriptedEngine(before, sglang_idle(1), sglang_idle(1))
+    progress: list[EngineProgress] = []
+    result = await wait_idle(
+        SGLANG_NOW, metrics_url=await serve(engine), interval=EXACT, timeout=5, on_progress=progress.append
+    )
+    assert result.idle and [p.idle_streak for p in progress] == [1, 0, 1, 2]
+
+
+async def test_sglang_zero_reads_must_span_the_minimum_time(serve: Any) -> None:
+    """Two zero reads 0.1 s apart are not enough when the preset asks for 0.5 s of zeros."""
+    preset = dataclasses.replace(PRESETS["sglang"], min_idle_span=0.5)
+    engine = ScriptedEngine(sglang_idle(5))
+    result = await wait_idle(preset, metrics_url=await serve(engine), interval=EXACT, timeout=5)
+    assert result.idle and result.reads >= 6
+    assert engine.read_times[-1] - engine.read_times[0] >= 0.5
+
+
+def test_sglang_preset_holds_zero_for_five_seconds() -> None:
+    assert PRESETS["sglang"].min_idle_span == 5.0
+    assert set(PRESETS["sglang"].optional) >= {
+        "sglang:num_prefill_prealloc_queue_reqs",
+        "sglang:num_prefill_inflight_queue_reqs",
+        "sglang:num_decode_prealloc_queue_reqs",
+        "sglang:num_decode_transfer_queue_reqs",
+    }
+    assert PRESETS["sglang"].required == ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+
+
+async def test_fresh_tgi_replica_ends_idle(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = ScriptedEngine(engine_page("tgi_fresh"), "")
+    assert await drain_cli(engine="tgi", metrics_url=await serve(engine), quiet=False) == 0
+    result, err = json_result(capsys)
+    assert result["result"] == "idle" and result["reads"] == 2
+    assert result["values"] == {"tgi_batch_current_size": 0.0, "tgi_queue_size": 0.0}
+    assert "has not served a request since it started" in err and err.count("warning:") == 1
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(lambda: engine_page("tgi_served_renamed"), id="served-with-renamed-gauges"),
+        pytest.param(lambda: fixture("vllm_idle"), id="another-engine-on-the-port"),
+    ],
+)
+async def test_tgi_page_with_other_samples_is_unknown_not_fresh(page: Any, serve: Any) -> None:
+    warnings: list[str] = []
+    result = await wait_idle(
+        "tgi",
+        metrics_url=await serve(ScriptedEngine(page())),
+        interval=0.05,
+        timeout=0.4,
+        on_warning=warnings.append,
+    )
+    assert result.result == "timeout" and result.values == {"tgi_batch_current_size": None, "tgi_queue_size": None}
+    assert len(warnings) == 1 and "are absent from the page" in warnings[0]
+
+
+async def test_vllm_disable_log_stats_is_named_on_the_first_read(
+    serve: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = ScriptedEngine(engine_page("vllm_disable_log_stats"))
+    assert await drain_cli(metrics_url=await serve(engine), timeout=0.5, quiet=False, json_output=False) == 1
+    _, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert "warning:" in lines[1], err  # right after the start line: the first read
+    assert "absent from the page: is the engine started with --disable-log-stats?" in lines[1]
+    assert err.count("warning:") == 1 and "running=? waiting=?" in err

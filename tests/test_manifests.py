@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,23 @@ def test_rollout_strategy_and_spread() -> None:
         assert selector.items() <= labels.items()
     (pdb,) = load(MANIFESTS[[p.name for p in MANIFESTS].index("pdb.yaml")])
     assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+
+
+def test_every_sglang_drained_by_its_preset_serves_metrics() -> None:
+    """SGLang has /metrics only with --enable-metrics: the README's pods and the manifests must start it so."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Engines you cannot wrap") :]
+    section = section[: section.index("\n## ", 1)]
+    snippets = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, flags=re.S)]
+    sources = [*snippets, *(doc for path in MANIFESTS for doc in load(path))]
+    engines = []
+    for source in sources:
+        for spec in pod_specs(source):
+            for container in spec["containers"]:
+                if "lifecycle" not in container:
+                    continue
+                engine = drain_params(prestop(container))["engine"]
+                engines.append(engine)
+                if engine == "sglang":
+                    assert "--enable-metrics" in argv(container), container["name"]
+    assert "sglang" in engines and "vllm" in engines
