@@ -124,7 +124,21 @@ class Budget:
         room = self.grace_period - self.reserve
         return room if self.drain_timeout is None else min(self.drain_timeout, room)
 
-    def problems(self) -> list[str]:
+    def longest_covered(self, *, admit: bool) -> float:
+        """The longest request (queueing included) that this budget lets finish.
+
+        Refusing during the propagation wait, only work admitted before the drain runs:
+        it has the whole ``limit``. Admitting during the wait, a request admitted just
+        before the wait ends has ``limit - propagation_wait``, and a connection that was
+        busy at drain start may bring one more request after its current one (see
+        ``Drain.admits``): two requests in a row, hence the admit-mode rule
+        ``grace_period >= propagation_wait + 2 x longest request + reserve``.
+        """
+        if not admit:
+            return self.limit
+        return max(0.0, self.limit - self.propagation_wait) / 2
+
+    def problems(self, *, admit: bool = False) -> list[str]:
         """Arithmetic that does not add up, worded for a warning log line."""
         room = self.grace_period - self.reserve
         if self.propagation_wait > room:
@@ -133,4 +147,28 @@ class Budget:
                 f"{self.grace_period:g}s - reserve {self.reserve:g}s = {room:g}s; "
                 "raise terminationGracePeriodSeconds or shorten the propagation wait"
             ]
+        if admit and self.propagation_wait > 0 and self.propagation_wait >= self.limit:
+            return [
+                f"admit mode: propagation_wait {self.propagation_wait:g}s leaves nothing of the drain limit "
+                f"{self.limit:g}s (drain_timeout {self.drain_timeout!r}) for the requests admitted during it; "
+                "size the budget as grace_period >= propagation_wait + 2 x longest request + reserve and "
+                "drain_timeout >= propagation_wait + 2 x longest request, or refuse during the wait "
+                "(admit_during_propagation=False)"
+            ]
         return []
+
+    def describe(self, *, admit: bool) -> str:
+        """One log line: the deadline and the longest request it covers, with the rule behind it."""
+        covered = self.longest_covered(admit=admit)
+        if not admit:
+            return (
+                f"drain limit {self.limit:g}s (grace_period {self.grace_period:g}s - reserve {self.reserve:g}s"
+                f"{'' if self.drain_timeout is None else f', drain_timeout {self.drain_timeout:g}s'}); "
+                f"refusing during the propagation wait: requests of up to {covered:g}s are covered"
+            )
+        return (
+            f"drain limit {self.limit:g}s, admitting during the {self.propagation_wait:g}s propagation wait: "
+            f"requests of up to {covered:g}s are covered (limit - propagation_wait, halved for a second request "
+            "on a connection busy at drain start); for longer ones raise terminationGracePeriodSeconds to "
+            "propagation_wait + 2 x longest request + reserve"
+        )

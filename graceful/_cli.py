@@ -245,7 +245,12 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
 @click.option("--propagation-wait", type=DURATION, help="Keep serving this long after going unready [0].")
 @click.option("--drain-timeout", type=DURATION, help="Cap on the drain, below grace period - reserve.")
 @click.option("--reserve", type=DURATION, help="Part of the grace period kept for exit [max(30%, min(10s, half))].")
-@click.option("--admit-during-propagation", is_flag=True, help="Serve new requests during the propagation wait.")
+@click.option(
+    "--admit-during-propagation/--no-admit-during-propagation",
+    default=True,
+    show_default=True,
+    help="Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start).",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 @click.pass_context
 def run_command(ctx: click.Context, /, app: str, workers: int, log_level: str, **values: Any) -> None:
@@ -253,7 +258,7 @@ def run_command(ctx: click.Context, /, app: str, workers: int, log_level: str, *
     from ._server import serve  # uvicorn is only needed here: keep `graceful drain` quick to start
 
     network = {key: values.pop(key) for key in ("host", "port", "uds")}
-    options = {k: v for k, v in values.items() if v is not None and v is not False}
+    options = {k: v for k, v in values.items() if v is not None}
     explicit = frozenset(name for name in values if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT)
     try:
         code = serve(app, options, explicit, workers=workers, log_level=log_level, **network)

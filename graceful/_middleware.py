@@ -40,9 +40,11 @@ _DRAIN_OPTIONS = frozenset(
 class GracefulMiddleware:
     """Pure-ASGI middleware that takes a server out of service without losing a request.
 
-    It answers the probes itself, refuses new work with a retryable 503 once draining,
-    and counts every admitted request until its last frame has been handed to the
-    server. ``.drain`` is the process-wide :class:`Drain` (made here if not given);
+    It answers the probes itself, fails readiness at once when a drain begins, serves
+    new work until the propagation wait ends and refuses it with a retryable 503 after
+    that (from the first instant with ``admit_during_propagation=False``), and counts
+    every admitted request until its last frame has been handed to the server.
+    ``.drain`` is the process-wide :class:`Drain` (made here if not given);
     drain options (``grace_period``, ``propagation_wait``, ...) go to that ``Drain``.
 
     Place it *inside* authentication middleware so that only accepted work is counted.

@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 
 import anyio
 
-from ._budget import Budget, parse_duration
+from ._budget import Budget, ConfigError, parse_duration
 
 __all__ = ["Drain", "DrainResult", "DrainStatus", "NotAccepting", "State"]
 
@@ -117,9 +117,11 @@ class Drain:
     """The STARTING -> SERVING -> DRAINING -> STOPPED machine and the in-flight count.
 
     One per process. ``begin_drain()`` flips to DRAINING in one synchronous step:
-    readiness fails, new work is refused and ``accepting`` turns False, while admitted
-    work goes on. ``await drain()`` returns when the propagation wait has passed and
-    nothing is in flight, or when the deadline passes.
+    readiness fails and ``accepting`` turns False, while admitted work goes on. New
+    requests are still served until the propagation wait ends (by then the balancers
+    have stopped sending), and refused after it; with ``admit_during_propagation=False``
+    they are refused from the first instant. ``await drain()`` returns when the
+    propagation wait has passed and nothing is in flight, or when the deadline passes.
     """
 
     def __init__(
@@ -129,7 +131,7 @@ class Drain:
         reserve: float | str | None = None,
         drain_timeout: float | str | None = None,
         propagation_wait: float | str = 0.0,
-        admit_during_propagation: bool = False,
+        admit_during_propagation: bool = True,
         on_drain_start: Hook | None = None,
         on_drained: Hook | None = None,
         hook_timeout: float | str = 5.0,
@@ -141,8 +143,11 @@ class Drain:
             drain_timeout=drain_timeout,
             propagation_wait=propagation_wait,
         )
-        for problem in self.budget.problems():
+        if not isinstance(admit_during_propagation, bool):
+            raise ConfigError(f"admit_during_propagation: expected True or False, got {admit_during_propagation!r}")
+        for problem in self.budget.problems(admit=admit_during_propagation):
             logger.warning("budget: %s", problem)
+        logger.debug("budget: %s", self.budget.describe(admit=admit_during_propagation))
         self.admit_during_propagation = admit_during_propagation
         self.on_drain_start = on_drain_start
         self.on_drained = on_drained

@@ -23,7 +23,8 @@ from graceful import Drain, GracefulMiddleware, State
 DELAY = float(os.environ.get("COMPAT_FRAME_DELAY", "0.02"))
 TAIL = int(os.environ.get("COMPAT_TAIL", "100"))  # 2 s of stream after the drain begins
 MAX_FRAMES = 1500  # a bound: 30 s at the default delay
-DRAIN = Drain(grace_period=float(os.environ.get("COMPAT_GRACE", "20")), reserve=2)
+# Refuse mode: these tests check the not-started 503 under every server, from the drain's start.
+DRAIN = Drain(grace_period=float(os.environ.get("COMPAT_GRACE", "20")), reserve=2, admit_during_propagation=False)
 
 
 async def tokens() -> AsyncIterator[str]:

@@ -656,3 +656,19 @@ async def test_work_admitted_after_the_drain_ended_meets_the_original_deadline()
     late = Recorder(mw.drain)
     await mw(http_scope(), no_body, late)
     assert late.status == 503
+
+
+@pytest.mark.parametrize("admit", [True, False])
+async def test_ready_fails_at_once_in_both_modes(admit: bool) -> None:
+    """Readiness fails the instant the drain begins; only new requests differ between the modes."""
+    mw = make(streaming_app(1), admit_during_propagation=admit)
+    mw.drain.begin_drain("test", propagation_wait=60)
+    ready = Recorder(mw.drain)
+    await mw(http_scope("/ready"), no_body, ready)
+    assert ready.status == 503
+    request = Recorder(mw.drain)
+    await mw(http_scope(), no_body, request)
+    if admit:
+        assert request.status == 200 and request.headers[b"connection"] == b"close"
+    else:
+        assert request.status == 503 and request.headers[b"x-graceful-not-started"] == b"1"
