@@ -133,9 +133,9 @@ class GracefulMiddleware:
                 return
             drain = self.drain
             if drain._state is not SERVING and not drain.admits(scope.get("client")):
-                return await self._refuse(scope, send, REFUSAL[drain._state])
+                return await self._refuse(scope, receive, send, REFUSAL[drain._state])
             if drain._in_flight >= self.reject_over:
-                return await self._refuse(scope, send, "server_overloaded")
+                return await self._refuse(scope, receive, send, "server_overloaded")
             call = Call(self, scope, receive, send)
             drain._in_flight += 1
             drain._live[call] = None
@@ -175,9 +175,9 @@ class GracefulMiddleware:
             self.current_task = asyncio.current_task
         return self.current_task()
 
-    async def _refuse(self, scope: Scope, send: Send, reason: str) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
         self.drain._reject(reason)
-        await reject(self, scope, send, reason)
+        await reject(self, scope, receive, send, reason)
 
     # -- probes: answered here, never counted, never refused ----------------------------------
 

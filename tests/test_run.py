@@ -195,10 +195,12 @@ def test_sigterm_only(launch: Callable[..., Launched]) -> None:
 
 
 def test_sigterm_admits_until_the_propagation_wait_ends_by_default(launch: Callable[..., Launched]) -> None:
-    """1. SIGTERM 2. /ready turns 503 at once 3. a new request is still served, with Connection: close
-    4. once the 1 s wait has passed, new requests get the not-started 503 5. the process exits 0."""
+    """1. a 4 s stream keeps the drain open 2. SIGTERM 3. /ready turns 503 at once 4. a new request is
+    still served, with Connection: close 5. once the 1 s wait has passed, new requests get the
+    not-started 503 6. the stream arrives whole and the process exits 0."""
     server = launch("--propagation-wait", "1s")
     server.wait_ready()
+    (stream,) = start_streams(server, 1, frames=40)
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     wait_status(server, 503)
@@ -212,7 +214,9 @@ def test_sigterm_admits_until_the_propagation_wait_ends_by_default(launch: Calla
     assert refused.status_code == 503, server.log
     assert refused.headers["x-graceful-not-started"] == "1"
     assert refused_at - sent >= 1.0  # never before the wait has passed
-    assert server.wait_exit(5) == 0
+    assert server.wait_exit(10) == 0
+    stream.join(5)
+    assert stream.whole, (stream.body, stream.error)
 
 
 def test_deadline_exit_1_with_leftover(launch: Callable[..., Launched]) -> None:
