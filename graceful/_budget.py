@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["Budget", "ConfigError", "parse_duration"]
+__all__ = ["Budget", "ConfigError", "check_quiet", "parse_duration"]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
@@ -67,6 +67,26 @@ def env_duration(var: str) -> float | None:
 DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 
 
+def check_quiet(quiet: float, wait: float, *, given: object = None, source: str = "") -> None:
+    """``propagation_quiet`` must be above 0 and no longer than ``propagation_wait``, its upper bound.
+
+    ``given`` is the value as the user wrote it; ``source`` names where it came from
+    when that is not the option itself (an environment variable).
+    """
+    shown = quiet if given is None else given
+    origin = f" ({source}={shown!r})" if source else ""
+    if quiet <= 0:
+        raise ConfigError(
+            f"propagation_quiet: {shown!r}{origin} must be above 0; use the time without a new request after "
+            "which the balancers are taken to have stopped sending, e.g. 2s"
+        )
+    if quiet > wait:
+        raise ConfigError(
+            f"propagation_quiet {quiet:g}s{origin} is longer than propagation_wait {wait:g}s, its upper bound; "
+            f"raise propagation_wait to at least {quiet:g}s (e.g. --propagation-wait 30s) or shorten propagation_quiet"
+        )
+
+
 @dataclass(frozen=True)
 class Budget:
     """How long a drain may take, derived from the pod's grace period.
@@ -79,6 +99,7 @@ class Budget:
     reserve: float
     drain_timeout: float | None
     propagation_wait: float
+    propagation_quiet: float | None = None
 
     @classmethod
     def resolve(
@@ -88,11 +109,15 @@ class Budget:
         reserve: float | str | None = None,
         drain_timeout: float | str | None = None,
         propagation_wait: float | str = 0.0,
+        propagation_quiet: float | str | None = None,
     ) -> Budget:
-        """Build a budget from options, falling back to ``GRACEFUL_GRACE_PERIOD``.
+        """Build a budget from options, falling back to ``GRACEFUL_GRACE_PERIOD`` and
+        ``GRACEFUL_PROPAGATION_QUIET``.
 
-        Raises :class:`ConfigError` for negative or malformed values and for a
-        reserve larger than the grace period.
+        Raises :class:`ConfigError` for negative or malformed values, for a reserve
+        larger than the grace period and for a ``propagation_quiet`` that is 0 or
+        longer than a configured ``propagation_wait``. With no ``propagation_wait``
+        here (0), the quiet rule waits for a drain request that brings one.
         """
         if grace_period is None:
             grace = env_duration("GRACEFUL_GRACE_PERIOD")
@@ -116,7 +141,19 @@ class Budget:
                 )
         timeout = None if drain_timeout is None else parse_duration(drain_timeout, name="drain_timeout")
         wait = parse_duration(propagation_wait, name="propagation_wait")
-        return cls(grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait)
+        source = ""
+        if propagation_quiet is None:
+            quiet = env_duration("GRACEFUL_PROPAGATION_QUIET")
+            given: object = os.environ.get("GRACEFUL_PROPAGATION_QUIET")
+            source = "environment variable GRACEFUL_PROPAGATION_QUIET"
+        else:
+            quiet = parse_duration(propagation_quiet, name="propagation_quiet")
+            given = propagation_quiet
+        if quiet is not None:
+            check_quiet(quiet, wait if wait > 0 else math.inf, given=given, source=source)
+        return cls(
+            grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait, propagation_quiet=quiet
+        )
 
     @property
     def limit(self) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ import anyio
 import click
 from click.core import ParameterSource
 
-from ._budget import Budget, ConfigError, parse_duration
+from ._budget import Budget, ConfigError, check_quiet, parse_duration
 from ._client import NoServer, WorkerDrain, discover, drain_all, request_all
 
 __all__ = ["cli", "drain_command", "main"]
@@ -62,6 +63,12 @@ def cli() -> None:
 @socket_dir_option
 @socket_option
 @click.option("--propagation-wait", type=DURATION, default=None, help="Keep serving this long after going unready.")
+@click.option(
+    "--propagation-quiet",
+    type=DURATION,
+    default=None,
+    help="End the propagation wait early once no new request has come for this long.",
+)
 @click.option("--timeout", type=DURATION, default=None, help="Give up on in-flight work after this long.")
 @click.option("--grace-period", type=DURATION, default=None, help="The pod's terminationGracePeriodSeconds.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
@@ -78,6 +85,7 @@ def drain_command(
     socket_dir: str | None,
     socket: str | None,
     propagation_wait: float | None,
+    propagation_quiet: float | None,
     timeout: float | None,
     grace_period: float | None,
     quiet: bool,
@@ -93,6 +101,8 @@ def drain_command(
     if socket_dir and socket:
         _fail(ctx, "use --socket-dir or --socket, not both")
     if engine is not None or metrics_url is not None or metrics:
+        if propagation_quiet is not None:
+            _fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
         # Engine mode has its own budget rule (70% of the grace period), so it gets the raw options.
         from ._engine import run_engine_drain
 
@@ -111,6 +121,12 @@ def drain_command(
                 json_output=json_output,
             )
         )
+    if propagation_quiet is not None:
+        # Checked here when both are given; against the server's own wait, the server answers.
+        try:
+            check_quiet(propagation_quiet, math.inf if propagation_wait is None else propagation_wait)
+        except ConfigError as exc:
+            _fail(ctx, str(exc))
     if grace_period is not None:
         # The preStop hook shares terminationGracePeriodSeconds with everything after it:
         # the drain gets grace_period - reserve at most (the same rule as the server's).
@@ -128,7 +144,13 @@ def drain_command(
     try:
         paths = discover(socket_dir, socket)
         workers = anyio.run(
-            lambda: drain_all(paths, propagation_wait=propagation_wait, timeout=timeout, on_tick=progress)
+            lambda: drain_all(
+                paths,
+                propagation_wait=propagation_wait,
+                propagation_quiet=propagation_quiet,
+                timeout=timeout,
+                on_tick=progress,
+            )
         )
     except NoServer as exc:
         click.echo(f"graceful: {exc}", err=True)
@@ -161,6 +183,11 @@ def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
     line = f"draining {len(live)} worker{'s' if len(live) != 1 else ''}: {in_flight} in flight, {elapsed:.1f} s elapsed"
     if deadlines:
         line += f", deadline in {max(0.0, max(deadlines) - time.time()):.0f} s"
+    quiet = [w.since_last_request for w in running if w.since_last_request is not None]
+    if quiet:
+        line += f", last new request {min(quiet):.1f} s ago"
+    elif running and any(w.progressed for w in running):
+        line += ", no new request since the drain began"
     return line
 
 
@@ -243,6 +270,11 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
 @click.option("--socket-dir", envvar="GRACEFUL_SOCKET_DIR", default=None, help="Admin socket directory.")
 @click.option("--grace-period", type=DURATION, help="terminationGracePeriodSeconds [env GRACEFUL_GRACE_PERIOD; 30].")
 @click.option("--propagation-wait", type=DURATION, help="Keep serving this long after going unready [0].")
+@click.option(
+    "--propagation-quiet",
+    type=DURATION,
+    help="End the propagation wait once no new request has come for this long [env GRACEFUL_PROPAGATION_QUIET].",
+)
 @click.option("--drain-timeout", type=DURATION, help="Cap on the drain, below grace period - reserve.")
 @click.option("--reserve", type=DURATION, help="Part of the grace period kept for exit [max(30%, min(10s, half))].")
 @click.option(

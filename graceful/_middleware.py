@@ -28,6 +28,7 @@ _DRAIN_OPTIONS = frozenset(
         "reserve",
         "drain_timeout",
         "propagation_wait",
+        "propagation_quiet",
         "admit_during_propagation",
         "on_drain_start",
         "on_drained",

@@ -250,6 +250,7 @@ def _warn_conflicts(app: GracefulMiddleware, options: dict[str, Any], explicit: 
         "reserve": budget.reserve,
         "drain_timeout": budget.drain_timeout,
         "propagation_wait": budget.propagation_wait,
+        "propagation_quiet": budget.propagation_quiet,
         "admit_during_propagation": app.drain.admit_during_propagation,
         # None means "the default", which the launcher points at --socket-dir through the env.
         "socket_dir": app.socket_dir if app.socket_dir is not None else options.get("socket_dir"),
