@@ -26,6 +26,9 @@ __all__ = ["cli", "drain_command", "main"]
 EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
 ENGINES = ("vllm", "sglang", "tgi", "triton")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# Above the 60 s for which nginx, AWS ALB and most gateways keep an idle upstream
+# connection: a server that closes first races the balancer's next request on it (a 502).
+DEFAULT_KEEP_ALIVE = 75
 
 
 class Duration(click.ParamType[float]):
@@ -283,17 +286,28 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
     show_default=True,
     help="Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start).",
 )
+@click.option(
+    "--timeout-keep-alive",
+    type=click.IntRange(min=1, max=24 * 3600),
+    default=DEFAULT_KEEP_ALIVE,
+    show_default=True,
+    help="Seconds an idle keep-alive connection stays open; keep it above the balancer's idle timeout.",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 @click.pass_context
-def run_command(ctx: click.Context, /, app: str, workers: int, log_level: str, **values: Any) -> None:
+def run_command(
+    ctx: click.Context, /, app: str, workers: int, log_level: str, timeout_keep_alive: int, **values: Any
+) -> None:
     """Run APP (module:attr) under uvicorn, draining on SIGTERM."""
     from ._server import serve  # uvicorn is only needed here: keep `graceful drain` quick to start
 
-    network = {key: values.pop(key) for key in ("host", "port", "uds")}
+    # What goes to uvicorn.Config rather than to the drain.
+    server: dict[str, Any] = {key: values.pop(key) for key in ("host", "port", "uds")}
+    server["timeout_keep_alive"] = timeout_keep_alive
     options = {k: v for k, v in values.items() if v is not None}
     explicit = frozenset(name for name in values if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT)
     try:
-        code = serve(app, options, explicit, workers=workers, log_level=log_level, **network)
+        code = serve(app, options, explicit, workers=workers, log_level=log_level, **server)
     except ConfigError as exc:
         _fail(ctx, str(exc))
     ctx.exit(code)
