@@ -194,6 +194,14 @@ def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
     return line
 
 
+def _propagation_note(result: dict[str, Any]) -> str:
+    propagation, last = result.get("propagation"), result.get("last_request")
+    if not isinstance(propagation, (int, float)):
+        return ""
+    arrived = f"last new request at {last:.1f} s" if isinstance(last, (int, float)) else "no new request"
+    return f" (propagation phase {propagation:.1f} s, {arrived})"
+
+
 def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
     lines = []
     for worker in workers:
@@ -202,7 +210,7 @@ def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
         if result is None:
             lines.append(f"{name}: {worker.error}")
         elif result.get("result") == "drained":
-            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s")
+            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s{_propagation_note(result)}")
         else:
             ended = result.get("truncated", 0)
             lines.append(

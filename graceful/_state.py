@@ -65,6 +65,10 @@ class DrainResult:
     deadline: float
     truncated: int = 0
     leftover: tuple[str, ...] = ()
+    # Seconds from drain start: when the propagation phase ended (None if it had not), and
+    # when its last new request arrived (None if none did).
+    propagation: float | None = None
+    last_request: float | None = None
 
     @property
     def drained(self) -> bool:
@@ -81,6 +85,8 @@ class DrainResult:
             "deadline": self.deadline,
             "truncated": self.truncated,
             "leftover": list(self.leftover),
+            "propagation": None if self.propagation is None else round(self.propagation, 6),
+            "last_request": None if self.last_request is None else round(self.last_request, 6),
         }
 
 
@@ -533,6 +539,8 @@ class Drain:
             deadline=self._drain_wall + (deadline - start),
             truncated=truncated,
             leftover=leftover,
+            propagation=self._prop_end - start if self._prop_over else None,
+            last_request=self._last_arrival - start if self._last_arrival >= start else None,
         )
         self._log_summary(self._result)
         if outcome != "resumed" and not follow_up:

@@ -204,6 +204,8 @@ async def test_drain_ends_one_quiet_period_after_the_last_request() -> None:
     [result] = results
     assert result.drained
     assert sent[0] - last >= 0.3 - 0.01  # never before one quiet period after the last request
+    assert result.propagation is not None and result.last_request is not None
+    assert result.propagation == pytest.approx(result.last_request + 0.3)
     assert result.duration < 3.0  # 30 s is the upper bound; 10 x the expected 0.9 s as a safety bound
     [seconds] = mw.drain.propagation_durations
     assert 0.6 - 0.05 <= seconds <= result.duration - 0.3 + 0.01
@@ -337,6 +339,8 @@ def test_cli_option_reaches_the_server(served: Any) -> None:
     [worker] = outcome["workers"]
     assert worker["result"]["result"] == "drained"
     assert 0.3 <= worker["result"]["duration"] < 10.0
+    assert worker["result"]["propagation"] == pytest.approx(0.3) and worker["result"]["last_request"] is None
+    assert "(propagation phase 0.3 s, no new request)" in result.stderr
     assert served.mw.drain.propagation_durations == [0.0]
 
 
