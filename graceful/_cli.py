@@ -186,11 +186,15 @@ def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
     line = f"draining {len(live)} worker{'s' if len(live) != 1 else ''}: {in_flight} in flight, {elapsed:.1f} s elapsed"
     if deadlines:
         line += f", deadline in {max(0.0, max(deadlines) - time.time()):.0f} s"
-    quiet = [w.since_last_request for w in running if w.since_last_request is not None]
+    # During the propagation phase: how long since traffic last arrived (the quiet rule's clock).
+    propagating = [w for w in running if w.progressed and not w.propagation_over]
+    quiet = [w.since_last_request for w in propagating if w.since_last_request is not None]
     if quiet:
         line += f", last new request {min(quiet):.1f} s ago"
-    elif running and any(w.progressed for w in running):
+    elif propagating:
         line += ", no new request since the drain began"
+    elif any(w.progressed for w in running):
+        line += ", propagation over"
     return line
 
 

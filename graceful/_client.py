@@ -80,6 +80,7 @@ class WorkerDrain:
     deadline: float | None = None
     since_last_request: float | None = None
     progressed: bool = False
+    propagation_over: bool = False
     result: dict[str, Any] | None = None
     error: str | None = None
     reachable: bool = True
@@ -162,6 +163,7 @@ def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
     elif event == "progress":
         worker.in_flight = int(line.get("in_flight") or 0)
         worker.progressed = True
+        worker.propagation_over = bool(line.get("propagation_over"))
         since = line.get("since_last_request")
         worker.since_last_request = float(since) if isinstance(since, (int, float)) else None
     elif event == "result":

@@ -319,6 +319,10 @@ def test_progress_line_shows_the_time_since_the_last_new_request() -> None:
     assert "last new request 1.2 s ago" in _progress_line([worker], 3.0)
     quiet = WorkerDrain("/tmp/y.sock", pid=2, progressed=True)
     assert "no new request since the drain began" in _progress_line([quiet], 3.0)
+    over = WorkerDrain("/tmp/z.sock", pid=3, since_last_request=9.0, progressed=True, propagation_over=True)
+    line = _progress_line([over], 12.0)
+    assert line.endswith(", propagation over") and "last new request" not in line
+    assert "last new request 1.2 s ago" in _progress_line([worker, over], 12.0)
 
 
 # -- through the admin socket and the CLI -----------------------------------------------------
