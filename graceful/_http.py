@@ -22,8 +22,9 @@ __all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
 NOT_STARTED_HEADER = b"x-graceful-not-started"
 _HTTP1 = frozenset({"1.0", "1.1"})
 # Before a refusal, read and drop this much of the request body at most, for this long
-# at most (a slow client must not hold a draining server). See _drop_body.
-REFUSAL_BODY_LIMIT = 1 << 20
+# at most (a slow client must not hold a draining server). See _drop_body. Prompts of
+# 100 KB and more are normal, and base64 images make bodies of several MB.
+REFUSAL_BODY_LIMIT = 16 << 20
 REFUSAL_BODY_TIMEOUT = 1.0
 SERVING = State.SERVING
 
@@ -87,7 +88,8 @@ async def _drop_body(scope: Scope, receive: Receive) -> bool:
     then shows a 502 and does not retry). Past REFUSAL_BODY_LIMIT or
     REFUSAL_BODY_TIMEOUT we stop and answer without ``Connection: close``: uvicorn
     (h11 and httptools alike) then reads and drops the rest itself and keeps the
-    connection, so nothing is left unread when it closes.
+    connection, so nothing is left unread when it closes. (hypercorn 0.18 and granian
+    2.8 close the connection there anyway, so past the limit a reset can still come.)
     """
     for name, value in scope["headers"]:
         if name == b"content-length":

@@ -177,3 +177,30 @@ def test_multiprocess_metrics_aggregate_across_workers(socket_dir: str, tmp_path
         assert samples[("graceful_requests_total", (("outcome", "completed"),))] == 40.0
         assert samples[("graceful_state", (("state", "SERVING"),))] == 2.0
         assert samples[("graceful_in_flight", ())] == 0.0
+
+
+@pytest.mark.parametrize("name", ["hypercorn-asyncio", "hypercorn-trio", "granian", "gunicorn"])
+def test_refusal_of_a_large_post_arrives_on_every_server(name: str, socket_dir: str) -> None:
+    """The refusal-body rule under the other servers (uvicorn: tests/test_refusal_body.py): after a
+    drain, 20 POSTs of 1 MB and 20 of 8 MiB (under the 16 MiB limit) from a raw socket each get a
+    complete 503, no reset."""
+    from .test_refusal_body import post
+
+    with start(name, socket_dir) as server:
+        workers = 2 if name == "gunicorn" else 1
+        deadline = time.monotonic() + 10
+        while len(sockets(socket_dir)) < workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        drained = subprocess.run(
+            [sys.executable, "-m", "graceful", "drain", "--socket-dir", socket_dir, "--quiet"],
+            cwd=ROOT, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert drained.returncode == 0, drained.stderr
+        outcomes: dict[int, list[str]] = {}
+        for size in (1_000_000, 8 << 20):
+            for _ in range(20):
+                outcome, response, body = post(server.port, size)
+                ok = outcome == "ok" and response is not None and response.status_code == 503
+                ok = ok and b'"server_draining"' in body
+                outcomes.setdefault(size, []).append("503" if ok else outcome)
+        assert outcomes == {size: ["503"] * 20 for size in (1_000_000, 8 << 20)}, (outcomes, server.output())

@@ -25,12 +25,13 @@ import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+import graceful._http
 from graceful import GracefulMiddleware
 from graceful._http import REFUSAL_BODY_LIMIT
 from graceful._types import Receive, Scope, Send
 
 ATTEMPTS = 50
-SIZES = (64 * 1024, 256 * 1024, 1_000_000, 4 * REFUSAL_BODY_LIMIT)
+SIZES = (64 * 1024, 256 * 1024, 1_000_000, 4 << 20)
 
 
 async def echo_length(scope: Scope, receive: Receive, send: Send) -> None:
@@ -115,8 +116,15 @@ def post(port: int, size: int) -> tuple[str, h11.Response | None, bytes]:
 
 
 @pytest.mark.parametrize("http", ["h11", "httptools"])
-@pytest.mark.parametrize("state", ["draining", "starting"])
-def test_refusal_of_a_large_post_arrives_whole(http: str, state: str) -> None:
+@pytest.mark.parametrize(
+    ("state", "limit"), [("draining", REFUSAL_BODY_LIMIT), ("starting", REFUSAL_BODY_LIMIT), ("draining", 1 << 20)]
+)
+def test_refusal_of_a_large_post_arrives_whole(
+    http: str, state: str, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50 POSTs per size, each must get a complete 503. With the limit lowered to 1 MiB the 4 MiB
+    bodies take the other path: no Connection: close, the server drops the rest itself."""
+    monkeypatch.setattr(graceful._http, "REFUSAL_BODY_LIMIT", limit)  # the server runs in this process
     failures: dict[int, list[str]] = {}
     with refusing_server(http, state) as port:
         for size in SIZES:
@@ -130,19 +138,20 @@ def test_refusal_of_a_large_post_arrives_whole(http: str, state: str) -> None:
                 assert headers[b"retry-after"] == b"1"
                 assert f'"server_{state}"'.encode() in body
                 # Close only once the body has been read: past the cap, the server reads the rest itself.
-                assert (headers.get(b"connection") == b"close") == (size <= REFUSAL_BODY_LIMIT)
+                assert (headers.get(b"connection") == b"close") == (size <= limit)
     assert not failures, {size: (len(outcomes), outcomes[:3]) for size, outcomes in failures.items()}
 
 
 @pytest.mark.parametrize("http", ["h11", "httptools"])
-def test_connection_stays_usable_after_a_refusal_past_the_cap(http: str) -> None:
-    """Past the cap the server keeps the connection and drops the rest of the body: a second
-    request on it gets its own complete 503."""
+def test_connection_stays_usable_after_a_refusal_past_the_cap(http: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the cap (lowered to 1 MiB here) uvicorn keeps the connection and drops the rest of the
+    body: a second request on it gets its own complete 503."""
+    monkeypatch.setattr(graceful._http, "REFUSAL_BODY_LIMIT", 1 << 20)
     with refusing_server(http, "draining") as port:
         conn = h11.Connection(h11.CLIENT)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
             for _ in range(2):
-                size = 2 * REFUSAL_BODY_LIMIT
+                size = 2 << 20
                 request = h11.Request(
                     method="POST", target="/v1/completions", headers=[("host", "g"), ("content-length", str(size))]
                 )
