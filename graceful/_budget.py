@@ -187,7 +187,7 @@ class Budget:
         if admit and self.propagation_wait > 0 and self.propagation_wait >= self.limit:
             return [
                 f"admit mode: propagation_wait {self.propagation_wait:g}s leaves nothing of the drain limit "
-                f"{self.limit:g}s (drain_timeout {self.drain_timeout!r}) for the requests admitted during it; "
+                f"{self.limit:g}s for the requests admitted during it; "
                 "size the budget as grace_period >= propagation_wait + 2 x longest request + reserve and "
                 "drain_timeout >= propagation_wait + 2 x longest request, or refuse during the wait "
                 "(admit_during_propagation=False)"
