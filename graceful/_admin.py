@@ -245,6 +245,13 @@ class _Exchange:
             return await self._answer(200, {"resumed": resumed, "state": self.drain.state.value, "pid": os.getpid()})
         try:
             options = _drain_options(target.query)
+            # Values the parser cannot judge alone (propagation_quiet against the wait)
+            # get their 400 here, before the stream begins.
+            self.drain.settings(
+                propagation_wait=options["propagation_wait"],
+                propagation_quiet=options["propagation_quiet"],
+                timeout=options["timeout"],
+            )
         except ConfigError as exc:
             return await self._answer(400, {"error": str(exc)})
         await self._stream_drain(**options)
@@ -299,7 +306,9 @@ class _Exchange:
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             await self._answer(status, {"error": message})
 
-    async def _stream_drain(self, *, propagation_wait: float | None, timeout: float | None, reason: str) -> None:
+    async def _stream_drain(
+        self, *, propagation_wait: float | None, propagation_quiet: float | None, timeout: float | None, reason: str
+    ) -> None:
         drain = self.drain
         done = anyio.Event()
         result: dict[str, object] = {}
@@ -308,7 +317,12 @@ class _Exchange:
             # In the listener's task group, not this connection's: a preStop hook that is
             # killed mid-way must not stop the drain it started.
             try:
-                outcome = await drain.drain(propagation_wait=propagation_wait, timeout=timeout, reason=reason)
+                outcome = await drain.drain(
+                    propagation_wait=propagation_wait,
+                    propagation_quiet=propagation_quiet,
+                    timeout=timeout,
+                    reason=reason,
+                )
                 result.update(outcome.as_dict())
             except Exception as exc:  # never let it reach the lifespan task group
                 logger.exception("drain failed")
@@ -337,26 +351,31 @@ def _progress(drain: Drain) -> dict[str, object]:
     now = time.time()
     started = status.drain_started or now
     deadline = status.deadline or now
+    last = status.last_request
     return {
         "event": "progress",
         "state": status.state.value,
         "in_flight": status.in_flight,
         "elapsed": round(now - started, 3),
         "deadline_in": round(deadline - now, 3),
+        "since_last_request": None if last is None else round(max(0.0, now - last), 3),
+        "propagation_over": status.propagation_until is not None and now >= status.propagation_until,
     }
 
 
 def _drain_options(query: str) -> dict[str, Any]:
-    options: dict[str, Any] = {"propagation_wait": None, "timeout": None, "reason": "admin"}
+    options: dict[str, Any] = {"propagation_wait": None, "propagation_quiet": None, "timeout": None, "reason": "admin"}
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query), max_num_fields=8)
     except ValueError:
         raise ConfigError(f"query {query!r} is malformed; use ?propagation_wait=10s&timeout=80s") from None
     for key, value in pairs:
-        if key in ("propagation_wait", "timeout"):
+        if key in ("propagation_wait", "propagation_quiet", "timeout"):
             options[key] = parse_duration(value, name=key)
         elif key == "reason" and value.isprintable() and 0 < len(value) <= 64:
             options[key] = value
         else:
-            raise ConfigError(f"unknown or bad parameter {key}={value!r}; use propagation_wait, timeout or reason")
+            raise ConfigError(
+                f"unknown or bad parameter {key}={value!r}; use propagation_wait, propagation_quiet, timeout or reason"
+            )
     return options

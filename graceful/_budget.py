@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["Budget", "ConfigError", "parse_duration"]
+__all__ = ["Budget", "ConfigError", "check_quiet", "parse_duration"]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
@@ -67,6 +67,26 @@ def env_duration(var: str) -> float | None:
 DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 
 
+def check_quiet(quiet: float, wait: float, *, given: object = None, source: str = "") -> None:
+    """``propagation_quiet`` must be above 0 and no longer than ``propagation_wait``, its upper bound.
+
+    ``given`` is the value as the user wrote it; ``source`` names where it came from
+    when that is not the option itself (an environment variable).
+    """
+    shown = quiet if given is None else given
+    origin = f" ({source}={shown!r})" if source else ""
+    if quiet <= 0:
+        raise ConfigError(
+            f"propagation_quiet: {shown!r}{origin} must be above 0; use the time without a new request after "
+            "which the balancers are taken to have stopped sending, e.g. 2s"
+        )
+    if quiet > wait:
+        raise ConfigError(
+            f"propagation_quiet {quiet:g}s{origin} is longer than propagation_wait {wait:g}s, its upper bound; "
+            f"raise propagation_wait to at least {quiet:g}s (e.g. --propagation-wait 30s) or shorten propagation_quiet"
+        )
+
+
 @dataclass(frozen=True)
 class Budget:
     """How long a drain may take, derived from the pod's grace period.
@@ -79,6 +99,7 @@ class Budget:
     reserve: float
     drain_timeout: float | None
     propagation_wait: float
+    propagation_quiet: float | None = None
 
     @classmethod
     def resolve(
@@ -88,11 +109,15 @@ class Budget:
         reserve: float | str | None = None,
         drain_timeout: float | str | None = None,
         propagation_wait: float | str = 0.0,
+        propagation_quiet: float | str | None = None,
     ) -> Budget:
-        """Build a budget from options, falling back to ``GRACEFUL_GRACE_PERIOD``.
+        """Build a budget from options, falling back to ``GRACEFUL_GRACE_PERIOD`` and
+        ``GRACEFUL_PROPAGATION_QUIET``.
 
-        Raises :class:`ConfigError` for negative or malformed values and for a
-        reserve larger than the grace period.
+        Raises :class:`ConfigError` for negative or malformed values, for a reserve
+        larger than the grace period and for a ``propagation_quiet`` that is 0 or
+        longer than a configured ``propagation_wait``. With no ``propagation_wait``
+        here (0), the quiet rule waits for a drain request that brings one.
         """
         if grace_period is None:
             grace = env_duration("GRACEFUL_GRACE_PERIOD")
@@ -116,7 +141,19 @@ class Budget:
                 )
         timeout = None if drain_timeout is None else parse_duration(drain_timeout, name="drain_timeout")
         wait = parse_duration(propagation_wait, name="propagation_wait")
-        return cls(grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait)
+        source = ""
+        if propagation_quiet is None:
+            quiet = env_duration("GRACEFUL_PROPAGATION_QUIET")
+            given: object = os.environ.get("GRACEFUL_PROPAGATION_QUIET")
+            source = "environment variable GRACEFUL_PROPAGATION_QUIET"
+        else:
+            quiet = parse_duration(propagation_quiet, name="propagation_quiet")
+            given = propagation_quiet
+        if quiet is not None:
+            check_quiet(quiet, wait if wait > 0 else math.inf, given=given, source=source)
+        return cls(
+            grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait, propagation_quiet=quiet
+        )
 
     @property
     def limit(self) -> float:
@@ -124,7 +161,21 @@ class Budget:
         room = self.grace_period - self.reserve
         return room if self.drain_timeout is None else min(self.drain_timeout, room)
 
-    def problems(self) -> list[str]:
+    def longest_covered(self, *, admit: bool) -> float:
+        """The longest request (queueing included) that this budget lets finish.
+
+        Refusing during the propagation wait, only work admitted before the drain runs:
+        it has the whole ``limit``. Admitting during the wait, a request admitted just
+        before the wait ends has ``limit - propagation_wait``, and a connection that was
+        busy at drain start may bring one more request after its current one (see
+        ``Drain.admits``): two requests in a row, hence the admit-mode rule
+        ``grace_period >= propagation_wait + 2 x longest request + reserve``.
+        """
+        if not admit:
+            return self.limit
+        return max(0.0, self.limit - self.propagation_wait) / 2
+
+    def problems(self, *, admit: bool = False) -> list[str]:
         """Arithmetic that does not add up, worded for a warning log line."""
         room = self.grace_period - self.reserve
         if self.propagation_wait > room:
@@ -133,4 +184,28 @@ class Budget:
                 f"{self.grace_period:g}s - reserve {self.reserve:g}s = {room:g}s; "
                 "raise terminationGracePeriodSeconds or shorten the propagation wait"
             ]
+        if admit and self.propagation_wait > 0 and self.propagation_wait >= self.limit:
+            return [
+                f"admit mode: propagation_wait {self.propagation_wait:g}s leaves nothing of the drain limit "
+                f"{self.limit:g}s for the requests admitted during it; "
+                "size the budget as grace_period >= propagation_wait + 2 x longest request + reserve and "
+                "drain_timeout >= propagation_wait + 2 x longest request, or refuse during the wait "
+                "(admit_during_propagation=False)"
+            ]
         return []
+
+    def describe(self, *, admit: bool) -> str:
+        """One log line: the deadline and the longest request it covers, with the rule behind it."""
+        covered = self.longest_covered(admit=admit)
+        if not admit:
+            return (
+                f"drain limit {self.limit:g}s (grace_period {self.grace_period:g}s - reserve {self.reserve:g}s"
+                f"{'' if self.drain_timeout is None else f', drain_timeout {self.drain_timeout:g}s'}); "
+                f"refusing during the propagation wait: requests of up to {covered:g}s are covered"
+            )
+        return (
+            f"drain limit {self.limit:g}s, admitting during the {self.propagation_wait:g}s propagation wait: "
+            f"requests of up to {covered:g}s are covered (limit - propagation_wait, halved for a second request "
+            "on a connection busy at drain start); for longer ones raise terminationGracePeriodSeconds to "
+            "propagation_wait + 2 x longest request + reserve"
+        )

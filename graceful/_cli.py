@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ import anyio
 import click
 from click.core import ParameterSource
 
-from ._budget import Budget, ConfigError, parse_duration
+from ._budget import Budget, ConfigError, check_quiet, parse_duration
 from ._client import NoServer, WorkerDrain, discover, drain_all, request_all
 
 __all__ = ["cli", "drain_command", "main"]
@@ -25,6 +26,9 @@ __all__ = ["cli", "drain_command", "main"]
 EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
 ENGINES = ("vllm", "sglang", "tgi", "triton")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# Above the 60 s for which nginx, AWS ALB and most gateways keep an idle upstream
+# connection: a server that closes first races the balancer's next request on it (a 502).
+DEFAULT_KEEP_ALIVE = 75
 
 
 class Duration(click.ParamType[float]):
@@ -76,6 +80,12 @@ def cli() -> None:
 @socket_dir_option
 @socket_option
 @click.option("--propagation-wait", type=DURATION, default=None, help="Keep serving this long after going unready.")
+@click.option(
+    "--propagation-quiet",
+    type=DURATION,
+    default=None,
+    help="End the propagation wait early once no new request has come for this long.",
+)
 @click.option("--timeout", type=DURATION, default=None, help="Give up on in-flight work after this long.")
 @click.option("--grace-period", type=DURATION, default=None, help="The pod's terminationGracePeriodSeconds.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
@@ -92,6 +102,7 @@ def drain_command(
     socket_dir: str | None,
     socket: str | None,
     propagation_wait: float | None,
+    propagation_quiet: float | None,
     timeout: float | None,
     grace_period: float | None,
     quiet: bool,
@@ -107,6 +118,8 @@ def drain_command(
     if socket_dir and socket:
         _fail(ctx, "use --socket-dir or --socket, not both")
     if engine is not None or metrics_url is not None or metrics:
+        if propagation_quiet is not None:
+            _fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
         # Engine mode has its own budget rule (70% of the grace period), so it gets the raw options.
         from ._engine import run_engine_drain
 
@@ -125,6 +138,12 @@ def drain_command(
                 json_output=json_output,
             )
         )
+    if propagation_quiet is not None:
+        # Checked here when both are given; against the server's own wait, the server answers.
+        try:
+            check_quiet(propagation_quiet, math.inf if propagation_wait is None else propagation_wait)
+        except ConfigError as exc:
+            _fail(ctx, str(exc))
     if grace_period is not None:
         # The preStop hook shares terminationGracePeriodSeconds with everything after it:
         # the drain gets grace_period - reserve at most (the same rule as the server's).
@@ -142,7 +161,13 @@ def drain_command(
     try:
         paths = discover(socket_dir, socket)
         workers = anyio.run(
-            lambda: drain_all(paths, propagation_wait=propagation_wait, timeout=timeout, on_tick=progress)
+            lambda: drain_all(
+                paths,
+                propagation_wait=propagation_wait,
+                propagation_quiet=propagation_quiet,
+                timeout=timeout,
+                on_tick=progress,
+            )
         )
     except NoServer as exc:
         click.echo(f"graceful: {exc}", err=True)
@@ -175,7 +200,24 @@ def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
     line = f"draining {len(live)} worker{'s' if len(live) != 1 else ''}: {in_flight} in flight, {elapsed:.1f} s elapsed"
     if deadlines:
         line += f", deadline in {max(0.0, max(deadlines) - time.time()):.0f} s"
+    # During the propagation phase: how long since traffic last arrived (the quiet rule's clock).
+    propagating = [w for w in running if w.progressed and not w.propagation_over]
+    quiet = [w.since_last_request for w in propagating if w.since_last_request is not None]
+    if quiet:
+        line += f", last new request {min(quiet):.1f} s ago"
+    elif propagating:
+        line += ", no new request since the drain began"
+    elif any(w.progressed for w in running):
+        line += ", propagation over"
     return line
+
+
+def _propagation_note(result: dict[str, Any]) -> str:
+    propagation, last = result.get("propagation"), result.get("last_request")
+    if not isinstance(propagation, (int, float)):
+        return ""
+    arrived = f"last new request at {last:.1f} s" if isinstance(last, (int, float)) else "no new request"
+    return f" (propagation phase {propagation:.1f} s, {arrived})"
 
 
 def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
@@ -186,7 +228,7 @@ def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
         if result is None:
             lines.append(f"{name}: {worker.error}")
         elif result.get("result") == "drained":
-            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s")
+            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s{_propagation_note(result)}")
         else:
             ended = result.get("truncated", 0)
             lines.append(
@@ -257,20 +299,41 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
 @click.option("--socket-dir", envvar="GRACEFUL_SOCKET_DIR", default=None, help="Admin socket directory.")
 @click.option("--grace-period", type=DURATION, help="terminationGracePeriodSeconds [env GRACEFUL_GRACE_PERIOD; 30].")
 @click.option("--propagation-wait", type=DURATION, help="Keep serving this long after going unready [0].")
+@click.option(
+    "--propagation-quiet",
+    type=DURATION,
+    help="End the propagation wait once no new request has come for this long [env GRACEFUL_PROPAGATION_QUIET].",
+)
 @click.option("--drain-timeout", type=DURATION, help="Cap on the drain, below grace period - reserve.")
 @click.option("--reserve", type=DURATION, help="Part of the grace period kept for exit [max(30%, min(10s, half))].")
-@click.option("--admit-during-propagation", is_flag=True, help="Serve new requests during the propagation wait.")
+@click.option(
+    "--admit-during-propagation/--no-admit-during-propagation",
+    default=True,
+    show_default=True,
+    help="Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start).",
+)
+@click.option(
+    "--timeout-keep-alive",
+    type=click.IntRange(min=1, max=24 * 3600),
+    default=DEFAULT_KEEP_ALIVE,
+    show_default=True,
+    help="Seconds an idle keep-alive connection stays open; keep it above the balancer's idle timeout.",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 @click.pass_context
-def run_command(ctx: click.Context, /, app: str, workers: int, log_level: str, **values: Any) -> None:
+def run_command(
+    ctx: click.Context, /, app: str, workers: int, log_level: str, timeout_keep_alive: int, **values: Any
+) -> None:
     """Run APP (module:attr) under uvicorn, draining on SIGTERM."""
     from ._server import serve  # uvicorn is only needed here: keep `graceful drain` quick to start
 
-    network = {key: values.pop(key) for key in ("host", "port", "uds")}
-    options = {k: v for k, v in values.items() if v is not None and v is not False}
+    # What goes to uvicorn.Config rather than to the drain.
+    server: dict[str, Any] = {key: values.pop(key) for key in ("host", "port", "uds")}
+    server["timeout_keep_alive"] = timeout_keep_alive
+    options = {k: v for k, v in values.items() if v is not None}
     explicit = frozenset(name for name in values if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT)
     try:
-        code = serve(app, options, explicit, workers=workers, log_level=log_level, **network)
+        code = serve(app, options, explicit, workers=workers, log_level=log_level, **server)
     except ConfigError as exc:
         _fail(ctx, str(exc))
     ctx.exit(code)

@@ -78,6 +78,9 @@ class WorkerDrain:
     pid: int | None = None
     in_flight: int = 0
     deadline: float | None = None
+    since_last_request: float | None = None
+    progressed: bool = False
+    propagation_over: bool = False
     result: dict[str, Any] | None = None
     error: str | None = None
     reachable: bool = True
@@ -97,12 +100,15 @@ async def drain_all(
     propagation_wait: float | None = None,
     timeout: float | None = None,
     reason: str = "cli",
+    propagation_quiet: float | None = None,
     on_tick: Callable[[list[WorkerDrain]], None] | None = None,
 ) -> list[WorkerDrain]:
     """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs."""
     params: dict[str, str] = {"reason": reason}
     if propagation_wait is not None:
         params["propagation_wait"] = f"{propagation_wait}s"
+    if propagation_quiet is not None:
+        params["propagation_quiet"] = f"{propagation_quiet}s"
     if timeout is not None:
         params["timeout"] = f"{timeout}s"
     workers = [WorkerDrain(path) for path in paths]
@@ -156,6 +162,10 @@ def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
         worker.in_flight = int(line.get("in_flight") or 0)
     elif event == "progress":
         worker.in_flight = int(line.get("in_flight") or 0)
+        worker.progressed = True
+        worker.propagation_over = bool(line.get("propagation_over"))
+        since = line.get("since_last_request")
+        worker.since_last_request = float(since) if isinstance(since, (int, float)) else None
     elif event == "result":
         worker.pid = line.get("pid", worker.pid)
         worker.in_flight = int(line.get("in_flight") or 0)

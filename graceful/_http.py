@@ -21,6 +21,11 @@ __all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
 # Marks a 503 whose request never reached the app, so a gateway knows a retry is safe.
 NOT_STARTED_HEADER = b"x-graceful-not-started"
 _HTTP1 = frozenset({"1.0", "1.1"})
+# Before a refusal, read and drop this much of the request body at most, for this long
+# at most (a slow client must not hold a draining server). See _drop_body. Prompts of
+# 100 KB and more are normal, and base64 images make bodies of several MB.
+REFUSAL_BODY_LIMIT = 16 << 20
+REFUSAL_BODY_TIMEOUT = 1.0
 SERVING = State.SERVING
 
 # Why a request was refused, by state (SERVING: only the reject_over limit refuses).
@@ -63,15 +68,44 @@ def request_id(mw: GracefulMiddleware, scope: Scope) -> bytes:
     return mw.next_request_id()
 
 
-async def reject(mw: GracefulMiddleware, scope: Scope, send: Send, reason: str) -> None:
+async def reject(mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
     """A retryable 503 for a request the app never saw."""
+    body_read = await _drop_body(scope, receive)
     body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
     headers = [(b"retry-after", mw.retry_after), (NOT_STARTED_HEADER, b"1")]
     if mw.request_id_header is not None:
         headers.append((mw.request_id_header, request_id(mw, scope)))
-    if scope.get("http_version", "1.1") in _HTTP1:
+    if body_read and scope.get("http_version", "1.1") in _HTTP1:
         headers.append((b"connection", b"close"))
     await json_response(send, 503, body, headers)
+
+
+async def _drop_body(scope: Scope, receive: Receive) -> bool:
+    """Read and drop a refused request's body; True once it has ended, so closing is safe.
+
+    Closing a connection with unread request bytes in its socket makes the kernel
+    answer with a reset, which can destroy the 503 before the peer reads it (nginx
+    then shows a 502 and does not retry). Past REFUSAL_BODY_LIMIT or
+    REFUSAL_BODY_TIMEOUT we stop and answer without ``Connection: close``: uvicorn
+    (h11 and httptools alike) then reads and drops the rest itself and keeps the
+    connection, so nothing is left unread when it closes. (hypercorn 0.18 and granian
+    2.8 close the connection there anyway, so past the limit a reset can still come.)
+    """
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            if not value.isdigit() or int(value) > REFUSAL_BODY_LIMIT:
+                return False
+            break
+    seen = 0
+    with anyio.move_on_after(REFUSAL_BODY_TIMEOUT):
+        while seen <= REFUSAL_BODY_LIMIT:
+            message = await receive()
+            if message["type"] != "http.request":
+                return True  # the client is gone: nothing more will arrive
+            seen += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+    return False
 
 
 _NO_HEADERS: list[tuple[bytes, bytes]] = []  # shared until a response starts; never mutated

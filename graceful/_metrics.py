@@ -20,6 +20,13 @@ from ._state import OUTCOMES, Drain, State
 __all__ = ["GracefulCollector", "MultiprocessMirror", "multiprocess_dir", "register", "render"]
 
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+PROPAGATION_BUCKETS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
+DRAIN_DOC = "How long drains took."
+PROPAGATION_DOC = (
+    "How long traffic took to stop after readiness failed: seconds from drain start to the last new "
+    "request (admitted or refused; probes and exempt paths not counted) that arrived before the "
+    "propagation phase ended, 0 when none did. One sample per drain whose propagation phase ended."
+)
 
 # One graceful collector per registry: a newer Drain replaces an older one instead of
 # failing with "Duplicated timeseries" (tests, reloads).
@@ -47,7 +54,10 @@ class GracefulCollector(Collector):
         yield _counter(
             "graceful_truncated_streams", "Responses ended early by the drain deadline.", "reason", drain._truncated
         )
-        yield _histogram(drain.drain_durations)
+        yield _histogram("graceful_drain_duration_seconds", DRAIN_DOC, DURATION_BUCKETS, drain.drain_durations)
+        yield _histogram(
+            "graceful_propagation_seconds", PROPAGATION_DOC, PROPAGATION_BUCKETS, drain.propagation_durations
+        )
 
 
 def _counter(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
@@ -57,14 +67,12 @@ def _counter(name: str, doc: str, label: str, values: dict[str, int]) -> Counter
     return family
 
 
-def _histogram(samples: list[float]) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, bounds: tuple[float, ...], samples: list[float]) -> HistogramMetricFamily:
     buckets: list[tuple[str, float]] = []
-    for bound in DURATION_BUCKETS:
+    for bound in bounds:
         buckets.append((repr(bound), float(sum(1 for s in samples if s <= bound))))
     buckets.append(("+Inf", float(len(samples))))
-    return HistogramMetricFamily(
-        "graceful_drain_duration_seconds", "How long drains took.", buckets=buckets, sum_value=sum(samples)
-    )
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=sum(samples))
 
 
 def register(drain: Drain, registry: CollectorRegistry | None = None) -> CollectorRegistry:
@@ -134,10 +142,14 @@ class MultiprocessMirror:
             ),
         }
         self.durations = Histogram(
-            "graceful_drain_duration_seconds", "How long drains took.", registry=None, buckets=DURATION_BUCKETS
+            "graceful_drain_duration_seconds", DRAIN_DOC, registry=None, buckets=DURATION_BUCKETS
+        )
+        self.propagation = Histogram(
+            "graceful_propagation_seconds", PROPAGATION_DOC, registry=None, buckets=PROPAGATION_BUCKETS
         )
         self._pushed: dict[tuple[str, str], int] = {}
         self._durations_pushed = 0
+        self._propagation_pushed = 0
         drain.add_listener(self.sync)
         self.sync()
 
@@ -156,3 +168,6 @@ class MultiprocessMirror:
         for duration in drain.drain_durations[self._durations_pushed :]:
             self.durations.observe(duration)
         self._durations_pushed = len(drain.drain_durations)
+        for seconds in drain.propagation_durations[self._propagation_pushed :]:
+            self.propagation.observe(seconds)
+        self._propagation_pushed = len(drain.propagation_durations)

@@ -28,6 +28,7 @@ _DRAIN_OPTIONS = frozenset(
         "reserve",
         "drain_timeout",
         "propagation_wait",
+        "propagation_quiet",
         "admit_during_propagation",
         "on_drain_start",
         "on_drained",
@@ -40,9 +41,11 @@ _DRAIN_OPTIONS = frozenset(
 class GracefulMiddleware:
     """Pure-ASGI middleware that takes a server out of service without losing a request.
 
-    It answers the probes itself, refuses new work with a retryable 503 once draining,
-    and counts every admitted request until its last frame has been handed to the
-    server. ``.drain`` is the process-wide :class:`Drain` (made here if not given);
+    It answers the probes itself, fails readiness at once when a drain begins, serves
+    new work until the propagation wait ends and refuses it with a retryable 503 after
+    that (from the first instant with ``admit_during_propagation=False``), and counts
+    every admitted request until its last frame has been handed to the server.
+    ``.drain`` is the process-wide :class:`Drain` (made here if not given);
     drain options (``grace_period``, ``propagation_wait``, ...) go to that ``Drain``.
 
     Place it *inside* authentication middleware so that only accepted work is counted.
@@ -131,9 +134,9 @@ class GracefulMiddleware:
                 return
             drain = self.drain
             if drain._state is not SERVING and not drain.admits(scope.get("client")):
-                return await self._refuse(scope, send, REFUSAL[drain._state])
+                return await self._refuse(scope, receive, send, REFUSAL[drain._state])
             if drain._in_flight >= self.reject_over:
-                return await self._refuse(scope, send, "server_overloaded")
+                return await self._refuse(scope, receive, send, "server_overloaded")
             call = Call(self, scope, receive, send)
             drain._in_flight += 1
             drain._live[call] = None
@@ -173,9 +176,9 @@ class GracefulMiddleware:
             self.current_task = asyncio.current_task
         return self.current_task()
 
-    async def _refuse(self, scope: Scope, send: Send, reason: str) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
         self.drain._reject(reason)
-        await reject(self, scope, send, reason)
+        await reject(self, scope, receive, send, reason)
 
     # -- probes: answered here, never counted, never refused ----------------------------------
 

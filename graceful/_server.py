@@ -1,8 +1,9 @@
 """The launcher: uvicorn with SIGTERM wired to the drain (``graceful run``).
 
 Plain uvicorn stops listening the moment SIGTERM arrives. Here SIGTERM starts the
-same drain a preStop hook would start, the listener keeps answering 503 through the
-propagation wait, and uvicorn is told to exit only once the drain has ended.
+same drain a preStop hook would start, the listener keeps serving through the
+propagation wait (answering 503 after it, or during it when refusing), and uvicorn
+is told to exit only once the drain has ended.
 """
 
 from __future__ import annotations
@@ -249,18 +250,18 @@ def _warn_conflicts(app: GracefulMiddleware, options: dict[str, Any], explicit: 
         "reserve": budget.reserve,
         "drain_timeout": budget.drain_timeout,
         "propagation_wait": budget.propagation_wait,
+        "propagation_quiet": budget.propagation_quiet,
         "admit_during_propagation": app.drain.admit_during_propagation,
         # None means "the default", which the launcher points at --socket-dir through the env.
         "socket_dir": app.socket_dir if app.socket_dir is not None else options.get("socket_dir"),
     }
     for name in sorted(explicit):
         if name in current and options.get(name) != current[name]:
+            value = options.get(name)
+            flag = name.replace("_", "-")
+            given = (f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value!r}"
             logger.warning(
-                "the app is already wrapped in GracefulMiddleware with %s=%r; ignoring --%s %r",
-                name,
-                current[name],
-                name.replace("_", "-"),
-                options.get(name),
+                "the app is already wrapped in GracefulMiddleware with %s=%r; ignoring %s", name, current[name], given
             )
 
 
@@ -290,6 +291,7 @@ def serve(target: str, options: dict[str, Any], explicit: frozenset[str], **conf
     app = load_app(target, options, explicit=explicit)
     # Only once the options are known good: this replaces the process's logging setup.
     logging.config.dictConfig(config["log_config"])
+    logger.info("budget: %s", app.drain.budget.describe(admit=app.drain.admit_during_propagation))
     if workers > 1:
         os.environ[_APP_ENV] = target
         os.environ[_OPTIONS_ENV] = json.dumps({**options, "_explicit": sorted(explicit)})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,7 @@ from typing import Literal, Protocol
 
 import anyio
 
-from ._budget import Budget, parse_duration
+from ._budget import Budget, ConfigError, check_quiet, parse_duration
 
 __all__ = ["Drain", "DrainResult", "DrainStatus", "NotAccepting", "State"]
 
@@ -64,6 +65,10 @@ class DrainResult:
     deadline: float
     truncated: int = 0
     leftover: tuple[str, ...] = ()
+    # Seconds from drain start: when the propagation phase ended (None if it had not), and
+    # when its last new request arrived (None if none did).
+    propagation: float | None = None
+    last_request: float | None = None
 
     @property
     def drained(self) -> bool:
@@ -80,6 +85,8 @@ class DrainResult:
             "deadline": self.deadline,
             "truncated": self.truncated,
             "leftover": list(self.leftover),
+            "propagation": None if self.propagation is None else round(self.propagation, 6),
+            "last_request": None if self.last_request is None else round(self.last_request, 6),
         }
 
 
@@ -95,6 +102,8 @@ class DrainStatus:
     deadline: float | None
     propagation_until: float | None
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Wall-clock time of the last new request of this drain's propagation phase, if any.
+    last_request: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -105,6 +114,7 @@ class DrainStatus:
             "drain_started": self.drain_started,
             "deadline": self.deadline,
             "propagation_until": self.propagation_until,
+            "last_request": self.last_request,
             "counters": self.counters,
         }
 
@@ -117,9 +127,11 @@ class Drain:
     """The STARTING -> SERVING -> DRAINING -> STOPPED machine and the in-flight count.
 
     One per process. ``begin_drain()`` flips to DRAINING in one synchronous step:
-    readiness fails, new work is refused and ``accepting`` turns False, while admitted
-    work goes on. ``await drain()`` returns when the propagation wait has passed and
-    nothing is in flight, or when the deadline passes.
+    readiness fails and ``accepting`` turns False, while admitted work goes on. New
+    requests are still served until the propagation wait ends (by then the balancers
+    have stopped sending), and refused after it; with ``admit_during_propagation=False``
+    they are refused from the first instant. ``await drain()`` returns when the
+    propagation wait has passed and nothing is in flight, or when the deadline passes.
     """
 
     def __init__(
@@ -129,7 +141,8 @@ class Drain:
         reserve: float | str | None = None,
         drain_timeout: float | str | None = None,
         propagation_wait: float | str = 0.0,
-        admit_during_propagation: bool = False,
+        propagation_quiet: float | str | None = None,
+        admit_during_propagation: bool = True,
         on_drain_start: Hook | None = None,
         on_drained: Hook | None = None,
         hook_timeout: float | str = 5.0,
@@ -140,9 +153,13 @@ class Drain:
             reserve=reserve,
             drain_timeout=drain_timeout,
             propagation_wait=propagation_wait,
+            propagation_quiet=propagation_quiet,
         )
-        for problem in self.budget.problems():
+        if not isinstance(admit_during_propagation, bool):
+            raise ConfigError(f"admit_during_propagation: expected True or False, got {admit_during_propagation!r}")
+        for problem in self.budget.problems(admit=admit_during_propagation):
             logger.warning("budget: %s", problem)
+        logger.debug("budget: %s", self.budget.describe(admit=admit_during_propagation))
         self.admit_during_propagation = admit_during_propagation
         self.on_drain_start = on_drain_start
         self.on_drained = on_drained
@@ -162,12 +179,17 @@ class Drain:
         self._drains: dict[str, int] = {}
         self._truncated: dict[str, int] = {}
         self.drain_durations: list[float] = []
+        # Per drain: seconds from drain start to the last new request of the propagation phase.
+        self.propagation_durations: list[float] = []
 
         # Per drain epoch; reset by resume().
         self._reason = ""
         self._drain_wall = 0.0
         self._drain_mono = 0.0
         self._prop_end = 0.0
+        self._quiet: float | None = None
+        self._last_arrival = -math.inf  # monotonic; before _drain_mono means "none yet"
+        self._prop_over = False
         self._deadline = 0.0
         self._epoch = 0
         self._leader = False
@@ -201,17 +223,24 @@ class Drain:
         return self._result
 
     def admits(self, peer: object = None) -> bool:
-        """Whether a new request may start now (the slow path; SERVING is checked inline)."""
+        """Whether a new request may start now (the slow path; SERVING is checked inline).
+
+        While DRAINING, every call is a new request (probes and exempt paths never get
+        here): during the propagation phase its arrival time is recorded, admitted or
+        refused alike, for the quiet rule and ``graceful_propagation_seconds``.
+        """
         if self._state is State.SERVING:
             return True
         if self._state is not State.DRAINING:
             return False
+        now = time.monotonic()
+        if now < self._propagation_end(now):
+            self._last_arrival = now
+            return self.admit_during_propagation
         if self.admit_during_propagation:
-            if time.monotonic() < self._prop_end:
-                return True
             # The balancer did not route a request on a connection that was already open
             # when the drain began: serve it once, with Connection: close.
-            if peer is not None and peer in self.pinned and time.monotonic() < self._deadline:
+            if peer is not None and peer in self.pinned and now < self._deadline:
                 self.pinned.discard(peer)
                 return True
         return False
@@ -219,6 +248,7 @@ class Drain:
     def status(self) -> DrainStatus:
         draining = self._state is State.DRAINING or self._result is not None
         offset = self._drain_wall - self._drain_mono
+        arrived = draining and self._last_arrival >= self._drain_mono
         return DrainStatus(
             state=self._state,
             in_flight=self._in_flight,
@@ -226,9 +256,37 @@ class Drain:
             since=self._since,
             drain_started=self._drain_wall if draining else None,
             deadline=self._deadline + offset if draining else None,
-            propagation_until=self._prop_end + offset if draining else None,
+            propagation_until=self._propagation_end(time.monotonic()) + offset if draining else None,
             counters=self.counters(),
+            last_request=self._last_arrival + offset if arrived else None,
         )
+
+    def _propagation_end(self, now: float) -> float:
+        """When the propagation phase ends, as known at ``now``; fixed once it has ended.
+
+        Without ``propagation_quiet`` that is drain start + ``propagation_wait``. With it,
+        the phase also ends once no new request has arrived for ``quiet`` seconds, and
+        never before ``quiet`` seconds from drain start. Arrivals only move this later,
+        so the drain runner sleeps until it and re-arms when it has moved: no polling.
+        """
+        wait_end = self._prop_end
+        if self._prop_over or self._quiet is None and now < wait_end:
+            return wait_end
+        end = wait_end
+        if self._quiet is not None:
+            end = min(end, max(self._drain_mono, self._last_arrival) + self._quiet)
+        if now >= end and self._state is State.DRAINING:
+            self._prop_over = True
+            self._prop_end = end
+            last = max(0.0, self._last_arrival - self._drain_mono)
+            self.propagation_durations.append(last)
+            logger.info(
+                "propagation phase over %.3fs after drain start (%s); last new request %.3fs after drain start",
+                end - self._drain_mono,
+                f"no new request for {self._quiet:g}s" if end < wait_end else "propagation_wait",
+                last,
+            )
+        return end
 
     def counters(self) -> dict[str, dict[str, int]]:
         return {
@@ -253,19 +311,19 @@ class Drain:
         *,
         propagation_wait: float | str | None = None,
         timeout: float | str | None = None,
+        propagation_quiet: float | str | None = None,
     ) -> bool:
         """Enter DRAINING at once; returns True if this call started the drain.
 
         Idempotent: a call during a drain joins it and changes neither its clock nor
-        its deadline. The first caller's ``propagation_wait`` and ``timeout`` apply.
+        its deadline. The first caller's ``propagation_wait``, ``propagation_quiet``
+        and ``timeout`` apply. Raises :class:`ConfigError` for bad values, leaving the
+        state untouched.
         """
         # Parse first: bad input must leave the state untouched.
-        wait = self.budget.propagation_wait
-        if propagation_wait is not None:
-            wait = parse_duration(propagation_wait, name="propagation_wait")
-        limit = self.budget.limit
-        if timeout is not None:
-            limit = min(limit, parse_duration(timeout, name="timeout"))
+        wait, quiet, limit = self.settings(
+            propagation_wait=propagation_wait, propagation_quiet=propagation_quiet, timeout=timeout
+        )
         if self._state is State.DRAINING or self._state is State.STOPPED:
             return False
         now = time.monotonic()
@@ -274,6 +332,10 @@ class Drain:
         self._drain_mono = now
         self._drain_wall = time.time()
         self._prop_end = now + wait
+        # A configured quiet period longer than this drain's wait changes nothing: the wait bounds it.
+        self._quiet = quiet if quiet is not None and quiet < wait else None
+        self._last_arrival = -math.inf
+        self._prop_over = False
         self._deadline = now + limit
         self._leader = False
         self._done = None
@@ -284,6 +346,26 @@ class Drain:
                 "propagation wait %.1fs is longer than the drain limit %.1fs; the deadline comes first", wait, limit
             )
         return True
+
+    def settings(
+        self,
+        *,
+        propagation_wait: float | str | None = None,
+        propagation_quiet: float | str | None = None,
+        timeout: float | str | None = None,
+    ) -> tuple[float, float | None, float]:
+        """The (wait, quiet, limit) a drain with these overrides would use; raises ConfigError."""
+        wait = self.budget.propagation_wait
+        if propagation_wait is not None:
+            wait = parse_duration(propagation_wait, name="propagation_wait")
+        quiet = self.budget.propagation_quiet
+        if propagation_quiet is not None:
+            quiet = parse_duration(propagation_quiet, name="propagation_quiet")
+            check_quiet(quiet, wait, given=propagation_quiet)
+        limit = self.budget.limit
+        if timeout is not None:
+            limit = min(limit, parse_duration(timeout, name="timeout"))
+        return wait, quiet, limit
 
     def resume(self) -> bool:
         """DRAINING -> SERVING (maintenance undrain); returns False in any other state."""
@@ -372,13 +454,16 @@ class Drain:
         propagation_wait: float | str | None = None,
         timeout: float | str | None = None,
         reason: str = "drain",
+        propagation_quiet: float | str | None = None,
     ) -> DrainResult:
         """Drain and wait: the first caller runs the drain, later callers join it.
 
         Returns once the propagation wait has passed and in-flight work is zero, or
         once the deadline has passed (work still running then is expired).
         """
-        self.begin_drain(reason, propagation_wait=propagation_wait, timeout=timeout)
+        self.begin_drain(
+            reason, propagation_wait=propagation_wait, timeout=timeout, propagation_quiet=propagation_quiet
+        )
         if self._state is not State.DRAINING:
             if self._result is not None:
                 return self._result
@@ -423,7 +508,8 @@ class Drain:
                         outcome = "drained"
                     break
                 now = time.monotonic()
-                if self._in_flight == 0 and now >= self._prop_end:
+                prop_end = self._propagation_end(now)
+                if self._in_flight == 0 and now >= prop_end:
                     outcome = "drained"
                     break
                 if now >= deadline:
@@ -432,7 +518,8 @@ class Drain:
                     leftover = tuple(item.describe() for item in self._live)
                     truncated = await self._expire_all()
                     break
-                wake_at = deadline if now >= self._prop_end else min(self._prop_end, deadline)
+                # Re-armed each turn: new arrivals move a quiet end later without waking us.
+                wake_at = deadline if now >= prop_end else min(prop_end, deadline)
                 self._waker = anyio.Event()
                 with anyio.move_on_after(wake_at - now):
                     await self._waker.wait()
@@ -452,6 +539,8 @@ class Drain:
             deadline=self._drain_wall + (deadline - start),
             truncated=truncated,
             leftover=leftover,
+            propagation=self._prop_end - start if self._prop_over else None,
+            last_request=self._last_arrival - start if self._last_arrival >= start else None,
         )
         self._log_summary(self._result)
         if outcome != "resumed" and not follow_up:

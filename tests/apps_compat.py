@@ -1,9 +1,11 @@
 """The app every ASGI server in the compatibility matrix runs (as a subprocess).
 
 Configured by env: GRACEFUL_SOCKET_DIR (admin socket dir), COMPAT_GRACE (grace period,
-seconds), COMPAT_FRAME_DELAY. Streams keep going until the server is draining and then
-send COMPAT_TAIL more frames, so a test knows they are in flight during the drain no
-matter how long the drain command takes to start.
+seconds), COMPAT_FRAME_DELAY, COMPAT_ADMIT (``default``: graceful's default admission
+during the propagation wait; otherwise refuse from the drain's start). Streams keep
+going until the server is draining and then send COMPAT_TAIL more frames, so a test
+knows they are in flight during the drain no matter how long the drain command takes
+to start.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from graceful import Drain, GracefulMiddleware, State
 DELAY = float(os.environ.get("COMPAT_FRAME_DELAY", "0.02"))
 TAIL = int(os.environ.get("COMPAT_TAIL", "100"))  # 2 s of stream after the drain begins
 MAX_FRAMES = 1500  # a bound: 30 s at the default delay
-DRAIN = Drain(grace_period=float(os.environ.get("COMPAT_GRACE", "20")), reserve=2)
+# Refuse mode unless asked: most tests check the not-started 503 under every server from the drain's start.
+_MODE = {} if os.environ.get("COMPAT_ADMIT") == "default" else {"admit_during_propagation": False}
+DRAIN = Drain(grace_period=float(os.environ.get("COMPAT_GRACE", "20")), reserve=2, **_MODE)
 
 
 async def tokens() -> AsyncIterator[str]:

@@ -95,3 +95,31 @@ def test_fitting_budget_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="graceful"):
         Drain(grace_period=30, reserve=10, propagation_wait="10s")
     assert not caplog.records
+
+
+def test_admit_mode_covers_half_of_what_the_wait_leaves() -> None:
+    """The admit-mode rule: grace >= propagation + 2 x longest request + reserve."""
+    budget = Budget.resolve(grace_period=100, reserve=30, propagation_wait=10)
+    assert budget.limit == 70
+    assert budget.longest_covered(admit=True) == 30  # (70 - 10) / 2
+    assert budget.longest_covered(admit=False) == 70
+    assert "requests of up to 30s are covered" in budget.describe(admit=True)
+    assert "propagation_wait + 2 x longest request + reserve" in budget.describe(admit=True)
+
+
+def test_admit_mode_warns_when_the_wait_eats_the_drain_limit(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="graceful"):
+        Drain(grace_period=60, reserve=10, drain_timeout="10s", propagation_wait="10s")
+    [record] = [r for r in caplog.records if "admit mode" in r.getMessage()]
+    message = record.getMessage()
+    assert "propagation_wait 10s" in message and "drain limit 10s" in message
+    assert "2 x longest request" in message and "admit_during_propagation=False" in message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="graceful"):
+        Drain(grace_period=60, reserve=10, drain_timeout="10s", propagation_wait="10s", admit_during_propagation=False)
+    assert not caplog.records
+
+
+def test_admit_during_propagation_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="'yes'"):
+        Drain(admit_during_propagation="yes")  # type: ignore[arg-type]

@@ -97,6 +97,52 @@ def test_drain_behaves_the_same_on_every_server(name: str, socket_dir: str) -> N
         assert server.process.wait(20) is not None
 
 
+@pytest.mark.parametrize("name", SERVERS)
+def test_default_serves_new_work_until_the_wait_ends_on_every_server(name: str, socket_dir: str) -> None:
+    """graceful's default under every server: 1. a stream is in flight 2. `graceful drain
+    --propagation-wait 2s` 3. /ready turns 503 and new work is still served 4. once the wait is
+    over, new work gets the not-started 503 5. the stream ends whole and the drain exits 0."""
+    with start(name, socket_dir, COMPAT_ADMIT="default") as server:
+        workers = 2 if name == "gunicorn" else 1
+        deadline = time.monotonic() + 10
+        while len(sockets(socket_dir)) < workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        frames: list[str] = []
+        first = threading.Event()
+        thread = stream_in_thread(server.base, frames, first)
+        assert first.wait(10), server.output()
+        started = time.monotonic()
+        drain = subprocess.Popen(
+            [sys.executable, "-m", "graceful", "drain", "--socket-dir", socket_dir, "--propagation-wait", "2s",
+             "--timeout", "20s"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        ready = 200
+        while ready != 503 and time.monotonic() < deadline + 10:
+            ready = httpx.get(server.base + "/ready", timeout=2).status_code
+        assert ready == 503
+        with httpx.Client(timeout=5) as fresh:
+            assert fresh.post(server.base + "/short").status_code == 200
+        refused = None
+        while time.monotonic() < started + 15:
+            with httpx.Client(timeout=5) as fresh:
+                answer = fresh.post(server.base + "/short")
+            if answer.status_code == 503:
+                refused = answer
+                break
+            time.sleep(0.05)
+        refused_at = time.monotonic()
+        assert refused is not None, server.output()
+        assert refused.headers["x-graceful-not-started"] == "1"
+        assert refused_at - started >= 2.0  # never before the wait is over
+        out, err = drain.communicate(timeout=30)
+        assert drain.returncode == 0, err + server.output()
+        thread.join(10)
+        assert frames[-1] == "data: [DONE]", frames[-3:]
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(20) is not None
+
+
 def test_fastapi_add_middleware_and_streaming_response(socket_dir: str) -> None:
     with start("uvicorn-h11", socket_dir, target="tests.apps_fastapi:app") as server:
         done = drain_during_streams(server, streams=2)
@@ -131,3 +177,30 @@ def test_multiprocess_metrics_aggregate_across_workers(socket_dir: str, tmp_path
         assert samples[("graceful_requests_total", (("outcome", "completed"),))] == 40.0
         assert samples[("graceful_state", (("state", "SERVING"),))] == 2.0
         assert samples[("graceful_in_flight", ())] == 0.0
+
+
+@pytest.mark.parametrize("name", ["hypercorn-asyncio", "hypercorn-trio", "granian", "gunicorn"])
+def test_refusal_of_a_large_post_arrives_on_every_server(name: str, socket_dir: str) -> None:
+    """The refusal-body rule under the other servers (uvicorn: tests/test_refusal_body.py): after a
+    drain, 20 POSTs of 1 MB and 20 of 8 MiB (under the 16 MiB limit) from a raw socket each get a
+    complete 503, no reset."""
+    from .test_refusal_body import post
+
+    with start(name, socket_dir) as server:
+        workers = 2 if name == "gunicorn" else 1
+        deadline = time.monotonic() + 10
+        while len(sockets(socket_dir)) < workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        drained = subprocess.run(
+            [sys.executable, "-m", "graceful", "drain", "--socket-dir", socket_dir, "--quiet"],
+            cwd=ROOT, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert drained.returncode == 0, drained.stderr
+        outcomes: dict[int, list[str]] = {}
+        for size in (1_000_000, 8 << 20):
+            for _ in range(20):
+                outcome, response, body = post(server.port, size)
+                ok = outcome == "ok" and response is not None and response.status_code == 503
+                ok = ok and b'"server_draining"' in body
+                outcomes.setdefault(size, []).append("503" if ok else outcome)
+        assert outcomes == {size: ["503"] * 20 for size in (1_000_000, 8 << 20)}, (outcomes, server.output())

@@ -656,3 +656,87 @@ async def test_work_admitted_after_the_drain_ended_meets_the_original_deadline()
     late = Recorder(mw.drain)
     await mw(http_scope(), no_body, late)
     assert late.status == 503
+
+
+@pytest.mark.parametrize("admit", [True, False])
+async def test_ready_fails_at_once_in_both_modes(admit: bool) -> None:
+    """Readiness fails the instant the drain begins; only new requests differ between the modes."""
+    mw = make(streaming_app(1), admit_during_propagation=admit)
+    mw.drain.begin_drain("test", propagation_wait=60)
+    ready = Recorder(mw.drain)
+    await mw(http_scope("/ready"), no_body, ready)
+    assert ready.status == 503
+    request = Recorder(mw.drain)
+    await mw(http_scope(), no_body, request)
+    if admit:
+        assert request.status == 200 and request.headers[b"connection"] == b"close"
+    else:
+        assert request.status == 503 and request.headers[b"x-graceful-not-started"] == b"1"
+
+
+def refusing() -> GracefulMiddleware:
+    mw = make(streaming_app(1), admit_during_propagation=False)
+    mw.drain.begin_drain("test", propagation_wait=60)
+    return mw
+
+
+async def test_refusal_reads_the_body_before_closing() -> None:
+    """The body is read and dropped first, so Connection: close never meets unread bytes."""
+    chunks = [b"a" * 1000, b"b" * 1000, b""]
+    received: list[Message] = []
+
+    async def receive() -> Message:
+        message = {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+        received.append(message)
+        return message
+
+    mw = refusing()
+    rec = Recorder(mw.drain)
+    await mw(http_scope(headers=[(b"content-length", b"2000")]), receive, rec)
+    assert len(received) == 3 and not received[-1]["more_body"]
+    assert rec.status == 503 and rec.headers[b"connection"] == b"close"
+
+
+async def test_refusal_past_the_cap_or_the_time_limit_keeps_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the cap (announced or streamed) or too slow: answer without Connection: close, at once."""
+    from graceful import _http
+
+    async def never(*_: object) -> Message:
+        raise AssertionError("a body announced over the cap must not be read")
+
+    mw = refusing()
+    rec = Recorder(mw.drain)
+    too_big = str(_http.REFUSAL_BODY_LIMIT + 1).encode()
+    await mw(http_scope(headers=[(b"content-length", too_big)]), never, rec)
+    assert rec.status == 503 and b"connection" not in rec.headers
+
+    reads = 0
+
+    async def endless() -> Message:  # chunked, no length: stops once past the cap
+        nonlocal reads
+        reads += 1
+        return {"type": "http.request", "body": b"c" * 65536, "more_body": True}
+
+    mw = refusing()
+    rec = Recorder(mw.drain)
+    await mw(http_scope(), endless, rec)
+    assert rec.status == 503 and b"connection" not in rec.headers
+    assert reads == _http.REFUSAL_BODY_LIMIT // 65536 + 1
+
+    monkeypatch.setattr(_http, "REFUSAL_BODY_TIMEOUT", 0.05)
+    first = True
+
+    async def stalls() -> Message:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": b"d", "more_body": True}
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    mw = refusing()
+    rec = Recorder(mw.drain)
+    with anyio.fail_after(5):  # 100 x the bound: only a hang fails this
+        await mw(http_scope(headers=[(b"content-length", b"10")]), stalls, rec)
+    assert rec.status == 503 and b"connection" not in rec.headers
+    assert rec.headers[b"x-graceful-not-started"] == b"1" and rec.headers[b"retry-after"] == b"1"

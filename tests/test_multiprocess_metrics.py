@@ -63,6 +63,9 @@ def test_counters_add_up_and_gauges_sum_live_workers(socket_dir: str) -> None:
     assert samples[("graceful_rejected_total", (("reason", "server_draining"),))] == 2.0
     assert samples[("graceful_drains_total", (("result", "drained"),))] == 1.0
     assert samples[("graceful_drain_duration_seconds_count", ())] == 1.0
+    # The drain's propagation phase (0 s wait, no new request) ended once: one sample of 0 s.
+    assert samples[("graceful_propagation_seconds_count", ())] == 1.0
+    assert samples[("graceful_propagation_seconds_bucket", (("le", "0.0"),))] == 1.0
     # livesum: one worker ended SERVING, the other DRAINING (no mark_process_dead was called).
     assert samples[("graceful_state", (("state", "SERVING"),))] == 1.0
     assert samples[("graceful_state", (("state", "DRAINING"),))] == 1.0

@@ -151,7 +151,7 @@ def test_prestop_drain_then_sigterm(launch: Callable[..., Launched]) -> None:
     """1. three 5 s streams in flight 2. `graceful drain` from another process 3. /ready and new
     requests get 503 at once 4. every stream arrives whole 5. drain exits 0 just after the last
     frame 6. SIGTERM exits 0 quickly."""
-    server = launch("--propagation-wait", "0.3s")
+    server = launch("--propagation-wait", "0.3s", "--no-admit-during-propagation")
     server.wait_ready()
     streams = start_streams(server, 3, frames=50)
     drain = graceful("drain", socket_dir=server.socket_dir)
@@ -176,8 +176,8 @@ def test_prestop_drain_then_sigterm(launch: Callable[..., Launched]) -> None:
 
 def test_sigterm_only(launch: Callable[..., Launched]) -> None:
     """1. two 2 s streams 2. SIGTERM 3. the listener stays open answering 503 through the 1 s
-    propagation wait 4. streams arrive whole 5. the process exits 0 right after the last frame."""
-    server = launch("--propagation-wait", "1s")
+    propagation wait (refuse mode) 4. streams arrive whole 5. the process exits 0 right after the last frame."""
+    server = launch("--propagation-wait", "1s", "--no-admit-during-propagation")
     server.wait_ready()
     streams = start_streams(server, 2, frames=20)
     server.process.send_signal(signal.SIGTERM)
@@ -192,6 +192,31 @@ def test_sigterm_only(launch: Callable[..., Launched]) -> None:
         assert stream.whole, (stream.body, stream.error)
     assert exited - max(s.finished for s in streams) < 2.0  # interpreter exit included, on a busy CI box
     assert "SIGTERM received: draining" in server.log
+
+
+def test_sigterm_admits_until_the_propagation_wait_ends_by_default(launch: Callable[..., Launched]) -> None:
+    """1. a 4 s stream keeps the drain open 2. SIGTERM 3. /ready turns 503 at once 4. a new request is
+    still served, with Connection: close 5. once the 1 s wait has passed, new requests get the
+    not-started 503 6. the stream arrives whole and the process exits 0."""
+    server = launch("--propagation-wait", "1s")
+    server.wait_ready()
+    (stream,) = start_streams(server, 1, frames=40)
+    sent = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    wait_status(server, 503)
+    served = httpx.get(server.url("/hello"), timeout=2)
+    assert served.status_code == 200 and served.headers["connection"] == "close"
+    refused = served
+    deadline = time.monotonic() + 5
+    while refused.status_code == 200 and time.monotonic() < deadline:
+        refused = httpx.get(server.url("/hello"), timeout=2)
+    refused_at = time.monotonic()
+    assert refused.status_code == 503, server.log
+    assert refused.headers["x-graceful-not-started"] == "1"
+    assert refused_at - sent >= 1.0  # never before the wait has passed
+    assert server.wait_exit(10) == 0
+    stream.join(5)
+    assert stream.whole, (stream.body, stream.error)
 
 
 def test_deadline_exit_1_with_leftover(launch: Callable[..., Launched]) -> None:

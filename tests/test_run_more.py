@@ -170,13 +170,13 @@ def test_app_that_is_not_callable_exits_2(socket_dir: str) -> None:
 
 def test_wrapped_app_warns_naming_each_conflicting_option(launch: Callable[..., Launched]) -> None:
     """Options the wrapped app already fixed are named one per line; agreeing ones are not."""
-    server = launch("--drain-timeout", "3s", "--admit-during-propagation", app="tests.apps_streaming:wrapped")
+    server = launch("--drain-timeout", "3s", "--no-admit-during-propagation", app="tests.apps_streaming:wrapped")
     server.wait_ready()
     server.process.send_signal(signal.SIGTERM)
     assert server.wait_exit(5) == 0
     log = server.log
     assert "GracefulMiddleware with drain_timeout=None; ignoring --drain-timeout 3.0" in log
-    assert "with admit_during_propagation=False; ignoring --admit-during-propagation True" in log
+    assert "with admit_during_propagation=True; ignoring --no-admit-during-propagation" in log
     # --grace-period 6 and --reserve 1 agree with the wrapped app's own values.
     assert "ignoring --grace-period" not in log and "ignoring --reserve" not in log
 

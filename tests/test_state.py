@@ -295,3 +295,19 @@ async def test_tracked_job_cancelled_from_outside_is_counted_cancelled() -> None
         tg.cancel_scope.cancel()
     assert drain.counters()["requests"]["cancelled"] == 1
     assert drain.in_flight == 0
+
+
+async def test_admits_during_the_propagation_wait_by_default() -> None:
+    """The default: ready fails at once, new requests are served until the wait ends, then refused."""
+    drain = serving()
+    assert drain.admit_during_propagation is True
+    drain.begin_drain("test", propagation_wait=60)
+    assert drain.state is State.DRAINING and not drain.accepting
+    assert drain.admits(("127.0.0.1", 1))
+    refusing = Drain(grace_period=30, reserve=5, admit_during_propagation=False)
+    refusing.mark_serving()
+    refusing.begin_drain("test", propagation_wait=60)
+    assert not refusing.admits(("127.0.0.1", 1))
+    ended = serving()
+    ended.begin_drain("test", propagation_wait=0)
+    assert not ended.admits(("127.0.0.1", 1))
