@@ -110,17 +110,32 @@ def test_grace_period_covers_propagation_drain_and_reserve(
     params = drain_params(prestop(container))
     assert params["timeout"] is not None, f"{name}: the preStop drain needs an explicit --timeout"
     reserve_env = env(container).get("GRACEFUL_EXAMPLE_RESERVE")
-    budget = Budget.resolve(grace_period=grace, reserve=reserve_env, drain_timeout=params["timeout"])
     wait = params["propagation_wait"] or 0.0
+    budget = Budget.resolve(
+        grace_period=grace, reserve=reserve_env, drain_timeout=params["timeout"], propagation_wait=wait
+    )
     kv_buffer = params.get("kv_buffer") or 0.0
-    needed = wait + params["timeout"] + kv_buffer + budget.reserve
-    assert needed <= grace, f"{name}: {wait} + {params['timeout']} + {kv_buffer} + {budget.reserve} > {grace}"
     if params.get("engine"):
+        needed = wait + params["timeout"] + kv_buffer + budget.reserve
+        assert needed <= grace, f"{name}: {wait} + {params['timeout']} + {kv_buffer} + {budget.reserve} > {grace}"
         # Engine mode waits min(--timeout, 70% of --grace-period): the hook must fit in it.
         assert parse_duration(params["grace_period"]) == grace
         assert wait + params["timeout"] + kv_buffer <= 0.7 * grace
         assert kv_buffer <= 30
     else:
+        # The deadline counts from drain start, the propagation wait inside it: the hook's
+        # --timeout must fit before the reserve, and cover the longest request in the mode served.
+        assert params["timeout"] + budget.reserve <= grace, f"{name}: {params['timeout']} + {budget.reserve} > {grace}"
+        settings = env(container)
+        generation = int(settings["GRACEFUL_EXAMPLE_MAX_TOKENS"]) / float(
+            settings["GRACEFUL_EXAMPLE_TOKENS_PER_SECOND"]
+        )
+        # The queue is no longer than the slots: a queued request waits at most one generation.
+        assert int(settings["GRACEFUL_EXAMPLE_QUEUE_SIZE"]) <= int(settings["GRACEFUL_EXAMPLE_SLOTS"])
+        longest = 2 * generation
+        admit = "--no-admit-during-propagation" not in container["command"]
+        covered = budget.longest_covered(admit=admit)
+        assert covered >= longest, f"{name}: the budget covers requests of {covered:g}s, the longest is {longest:g}s"
         # The server's own deadline (SIGTERM without the hook) matches the hook's.
         assert parse_duration(env(container)["GRACEFUL_EXAMPLE_DRAIN_TIMEOUT"]) == params["timeout"]
         assert parse_duration(env(container)["GRACEFUL_EXAMPLE_PROPAGATION_WAIT"]) == wait
