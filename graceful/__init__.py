@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._budget import Budget, ConfigError, parse_duration
     from ._frames import default_final_frame
+    from ._ledger import NotAccepting
     from ._middleware import GracefulMiddleware
-    from ._state import Drain, DrainResult, DrainStatus, NotAccepting, State
+    from ._state import Drain
+    from ._status import DrainResult, DrainStatus, State
 
 __version__ = "0.1.0"
 
@@ -37,10 +39,10 @@ _HOMES = {
     "default_final_frame": "._frames",
     "GracefulMiddleware": "._middleware",
     "Drain": "._state",
-    "DrainResult": "._state",
-    "DrainStatus": "._state",
-    "NotAccepting": "._state",
-    "State": "._state",
+    "DrainResult": "._status",
+    "DrainStatus": "._status",
+    "NotAccepting": "._ledger",
+    "State": "._status",
 }
 
 

@@ -23,7 +23,8 @@ import anyio.abc
 import h11
 
 from ._budget import ConfigError, parse_duration
-from ._state import Drain, State
+from ._state import Drain
+from ._status import State
 
 __all__ = ["AdminServer", "default_socket_dir", "prepare_socket_dir", "socket_path"]
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import anyio
 
+from ._config import Config
 from ._frames import shutdown_error
-from ._state import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, State
+from ._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, Tracked
+from ._status import State
 from ._types import Message, Receive, Scope, Send
-
-if TYPE_CHECKING:
-    from ._middleware import GracefulMiddleware
 
 __all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
 
@@ -60,21 +59,21 @@ async def json_response(send: Send, status: int, body: bytes, headers: list[tupl
     await send({"type": "http.response.body", "body": body})
 
 
-def request_id(mw: GracefulMiddleware, scope: Scope) -> bytes:
-    wanted = mw.request_id_header
+def request_id(config: Config, scope: Scope) -> bytes:
+    wanted = config.request_id_header
     for name, value in scope["headers"]:
         if name == wanted:
             return bytes(value)
-    return mw.next_request_id()
+    return config.next_request_id()
 
 
-async def reject(mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+async def reject(config: Config, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
     """A retryable 503 for a request the app never saw."""
     body_read = await _drop_body(scope, receive)
     body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
-    headers = [(b"retry-after", mw.retry_after), (NOT_STARTED_HEADER, b"1")]
-    if mw.request_id_header is not None:
-        headers.append((mw.request_id_header, request_id(mw, scope)))
+    headers = [(b"retry-after", config.retry_after), (NOT_STARTED_HEADER, b"1")]
+    if config.request_id_header is not None:
+        headers.append((config.request_id_header, request_id(config, scope)))
     if body_read and scope.get("http_version", "1.1") in _HTTP1:
         headers.append((b"connection", b"close"))
     await json_response(send, 503, body, headers)
@@ -115,47 +114,35 @@ async def _drop(message: Message) -> None:
     """Stands in for the server's send once the deadline has ended a response."""
 
 
-class Call:
+class Call(Tracked):
     """One admitted HTTP request, counted from admission until its last frame is handed to the server.
 
     The count also ends if the client disconnects, the app raises or the task is
     cancelled, exactly once whichever comes first.
     """
 
-    __slots__ = (
-        "mw",
-        "drain",
-        "scope",
-        "_receive",
-        "_send",
-        "task",
-        "cancel_scope",
-        "started",
-        "headers",
-        "open",
-        "t0",
-    )
+    __slots__ = ("config", "drain", "scope", "_receive", "_send", "task", "cancel_scope", "started", "headers")
 
-    def __init__(self, mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
-        self.mw = mw
-        self.drain = mw.drain
+    def __init__(self, config: Config, scope: Scope, receive: Receive, send: Send, task: Any) -> None:
+        self.config = config
+        self.drain = self.ledger = config.drain
         self.scope = scope
         self._receive = receive
         self._send = send
-        self.task = mw.current_task()
+        self.task: asyncio.Task[Any] | None = task
         self.cancel_scope: anyio.CancelScope | None = None
         self.started = False
         self.headers: list[tuple[bytes, bytes]] = _NO_HEADERS
         self.open = True
         self.t0 = time.monotonic()
 
-    # The middleware runs the app and does the +1 itself (one coroutine frame less per
-    # request); these are the slow paths around it.
+    # The middleware runs the app and admits the call itself (one coroutine frame less
+    # per request); these are the slow paths around it.
 
     async def run_scoped(self) -> None:
         """Run the app inside a cancel scope: the deadline's handle on loops other than asyncio."""
         with anyio.CancelScope() as self.cancel_scope:
-            await self.mw.app(self.scope, self.receive, self.send)
+            await self.config.app(self.scope, self.receive, self.send)
 
     def failed(self, exc: BaseException) -> bool:
         """Account for an app that raised; True when the error is ours to swallow."""
@@ -170,15 +157,9 @@ class Call:
             return True
         return False
 
-    def finish(self, outcome: int) -> None:
-        self.open = False
-        drain = self.drain
-        del drain._live[self]
-        drain._release(outcome)
-
     async def receive(self) -> Message:
         message = await self._receive()
-        if message["type"] == "http.disconnect" and self.open:
+        if message["type"] == "http.disconnect":
             self.finish(CLIENT_DISCONNECTED)
         return message
 
@@ -188,16 +169,15 @@ class Call:
         kind = message["type"]
         if kind == "http.response.body":
             await self._send(message)
-            if self.open:
-                self.finish(COMPLETED)
+            self.finish(COMPLETED)
             return
         if kind == "http.response.start":
             self.started = True
-            mw = self.mw
+            config = self.config
             headers = list(message.get("headers", ()))
-            if mw.request_id_header is not None:
-                headers.append((mw.request_id_header, request_id(mw, self.scope)))
-            if self.drain._state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
+            if config.request_id_header is not None:
+                headers.append((config.request_id_header, request_id(config, self.scope)))
+            if self.drain.state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
                 # Keep-alive clients and balancers must stop reusing this connection.
                 headers.append((b"connection", b"close"))
             self.headers = headers
@@ -210,30 +190,25 @@ class Call:
                 return bytes(value)
         return b""
 
-    def describe(self) -> str:
-        scope = self.scope
-        return f"{scope.get('method', 'GET')} {scope['path']} ({time.monotonic() - self.t0:.1f}s)"
+    def label(self) -> str:
+        return f"{self.scope.get('method', 'GET')} {self.scope['path']}"
 
-    async def expire(self) -> None:
+    async def cut(self) -> None:
         """End this request at the drain deadline: a final retryable frame if we can, then cancel."""
-        if not self.open:
-            return
         send = self._send
         self._send = _drop
-        self.drain.count_truncated("deadline")
         try:
             if not self.started:
                 close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in _HTTP1 else []
                 await json_response(send, 503, shutdown_error(), close)
             else:
-                frame = self.mw.final_frame(self.content_type())
+                frame = self.config.final_frame(self.content_type())
                 if frame is not None:
                     await send({"type": "http.response.body", "body": frame, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:  # the client may be gone already; the cancel below still applies
             pass
-        if self.open:
-            self.finish(CANCELLED)
+        self.finish(CANCELLED)
         if self.task is not None:
             self.task.cancel()
         elif self.cancel_scope is not None:

@@ -12,18 +12,19 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
+from ._config import Config
 from ._types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from ._middleware import GracefulMiddleware
+    from ._metrics import MultiprocessMirror
 
 logger = logging.getLogger("graceful")
 
 
-async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
-    drain = mw.drain
+async def lifespan(config: Config, scope: Scope, receive: Receive, send: Send) -> None:
+    drain = config.drain
     startup_seen = False
-    services = _Services(mw)
+    services = _Services(config)
 
     async with anyio.create_task_group() as tg:
 
@@ -45,7 +46,7 @@ async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send:
                     drain.mark_stopped("startup failed")
                     await send({"type": "lifespan.startup.failed", "message": f"graceful: {exc}"})
                     return
-                if mw.ready_on_startup:
+                if config.ready_on_startup:
                     drain.mark_serving()
             elif kind in ("lifespan.shutdown.complete", "lifespan.startup.failed"):
                 drain.mark_stopped("shutdown" if kind == "lifespan.shutdown.complete" else "startup failed")
@@ -56,7 +57,7 @@ async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send:
 
         try:
             try:
-                await mw.app(scope, wrapped_receive, wrapped_send)
+                await config.app(scope, wrapped_receive, wrapped_send)
             except Exception:
                 if startup_seen:
                     raise
@@ -72,26 +73,25 @@ async def lifespan(mw: GracefulMiddleware, scope: Scope, receive: Receive, send:
 class _Services:
     """What lives for the lifespan of the process: the admin listener and the metrics mirror."""
 
-    def __init__(self, mw: GracefulMiddleware) -> None:
-        self.mw = mw
+    def __init__(self, config: Config) -> None:
+        self.config = config
         self.scope = anyio.CancelScope()
         self.stopped = anyio.Event()
         self.running = False
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        mw = self.mw
+        config = self.config
         self.running = True
         try:
             with self.scope:
                 async with anyio.create_task_group() as tg:
-                    if mw.admin:
+                    if config.admin:
                         from ._admin import AdminServer
 
-                        server = AdminServer(mw.drain, socket_dir=mw.socket_dir, socket_mode=mw.socket_mode)
+                        server = AdminServer(config.drain, socket_dir=config.socket_dir, socket_mode=config.socket_mode)
                         await tg.start(server.serve)
-                        mw.admin_server = server
-                    if mw.mirror is not None:
-                        tg.start_soon(_mirror_loop, mw)
+                    if config.mirror is not None:
+                        tg.start_soon(_mirror_loop, config.mirror)
                     task_status.started()
         finally:
             self.stopped.set()
@@ -112,7 +112,7 @@ async def _own_lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-async def _mirror_loop(mw: GracefulMiddleware) -> None:
+async def _mirror_loop(mirror: MultiprocessMirror) -> None:
     while True:
         await anyio.sleep(1.0)
-        mw.mirror.sync()
+        mirror.sync()

@@ -15,22 +15,45 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ._state import OUTCOMES, Drain, State
+from ._state import Drain
+from ._status import State
 
 __all__ = ["GracefulCollector", "MultiprocessMirror", "multiprocess_dir", "register", "render"]
 
-DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-PROPAGATION_BUCKETS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
-DRAIN_DOC = "How long drains took."
-PROPAGATION_DOC = (
-    "How long traffic took to stop after readiness failed: seconds from drain start to the last new "
-    "request (admitted or refused; probes and exempt paths not counted) that arrived before the "
-    "propagation phase ended, 0 when none did. One sample per drain whose propagation phase ended."
-)
+# Every graceful_* metric, written once: read by the collector and the multi-process mirror.
+STATE = ("graceful_state", "1 for the current drain state, 0 for the others (multi-process: workers in each state).")
+IN_FLIGHT = ("graceful_in_flight", "Requests and jobs admitted and not finished.")
+# Keyed by the groups of Drain.counters(): (name, help, label).
+COUNTERS = {
+    "requests": ("graceful_requests", "Finished requests by outcome.", "outcome"),
+    "rejected": ("graceful_rejected", "Requests refused before the app saw them.", "reason"),
+    "drains": ("graceful_drains", "Drains by result.", "result"),
+    "truncated": ("graceful_truncated_streams", "Responses ended early by the drain deadline.", "reason"),
+}
+# Keyed by the Drain's list of samples: (name, help, buckets).
+HISTOGRAMS = {
+    "drain_durations": (
+        "graceful_drain_duration_seconds",
+        "How long drains took.",
+        (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+    ),
+    "propagation_durations": (
+        "graceful_propagation_seconds",
+        "How long traffic took to stop after readiness failed: seconds from drain start to the last new "
+        "request (admitted or refused; probes and exempt paths not counted) that arrived before the "
+        "propagation phase ended, 0 when none did. One sample per drain whose propagation phase ended.",
+        (0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0),
+    ),
+}
 
 # One graceful collector per registry: a newer Drain replaces an older one instead of
 # failing with "Duplicated timeseries" (tests, reloads).
 _installed: weakref.WeakKeyDictionary[CollectorRegistry, GracefulCollector] = weakref.WeakKeyDictionary()
+
+
+def _samples(drain: Drain, attribute: str) -> list[float]:
+    samples: list[float] = getattr(drain, attribute)
+    return samples
 
 
 class GracefulCollector(Collector):
@@ -39,25 +62,16 @@ class GracefulCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         drain = self.drain
-        state = GaugeMetricFamily(
-            "graceful_state", "1 for the current drain state, 0 for the others.", labels=["state"]
-        )
+        state = GaugeMetricFamily(*STATE, labels=["state"])
         for member in State:
             state.add_metric([member.value], 1.0 if drain.state is member else 0.0)
         yield state
-        yield GaugeMetricFamily("graceful_in_flight", "Requests and jobs admitted and not finished.", drain.in_flight)
-        yield _counter(
-            "graceful_requests", "Finished requests by outcome.", "outcome", dict(zip(OUTCOMES, drain._outcomes))
-        )
-        yield _counter("graceful_rejected", "Requests refused before the app saw them.", "reason", drain._rejected)
-        yield _counter("graceful_drains", "Drains by result.", "result", drain._drains)
-        yield _counter(
-            "graceful_truncated_streams", "Responses ended early by the drain deadline.", "reason", drain._truncated
-        )
-        yield _histogram("graceful_drain_duration_seconds", DRAIN_DOC, DURATION_BUCKETS, drain.drain_durations)
-        yield _histogram(
-            "graceful_propagation_seconds", PROPAGATION_DOC, PROPAGATION_BUCKETS, drain.propagation_durations
-        )
+        yield GaugeMetricFamily(*IN_FLIGHT, value=drain.in_flight)
+        for group, values in drain.counters().items():
+            name, doc, label = COUNTERS[group]
+            yield _counter(name, doc, label, values)
+        for attribute, (name, doc, bounds) in HISTOGRAMS.items():
+            yield _histogram(name, doc, bounds, _samples(drain, attribute))
 
 
 def _counter(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
@@ -122,34 +136,17 @@ class MultiprocessMirror:
         from prometheus_client import Counter, Gauge, Histogram
 
         self.drain = drain
-        self.state = Gauge(
-            "graceful_state", "Workers in each drain state.", ["state"], registry=None, multiprocess_mode="livesum"
-        )
-        self.in_flight = Gauge(
-            "graceful_in_flight",
-            "Requests and jobs admitted and not finished.",
-            registry=None,
-            multiprocess_mode="livesum",
-        )
+        self.state = Gauge(*STATE, ["state"], registry=None, multiprocess_mode="livesum")
+        self.in_flight = Gauge(*IN_FLIGHT, registry=None, multiprocess_mode="livesum")
         self.counters = {
-            "requests": Counter("graceful_requests", "Finished requests by outcome.", ["outcome"], registry=None),
-            "rejected": Counter(
-                "graceful_rejected", "Requests refused before the app saw them.", ["reason"], registry=None
-            ),
-            "drains": Counter("graceful_drains", "Drains by result.", ["result"], registry=None),
-            "truncated": Counter(
-                "graceful_truncated_streams", "Responses ended early by the drain deadline.", ["reason"], registry=None
-            ),
+            group: Counter(name, doc, [label], registry=None) for group, (name, doc, label) in COUNTERS.items()
         }
-        self.durations = Histogram(
-            "graceful_drain_duration_seconds", DRAIN_DOC, registry=None, buckets=DURATION_BUCKETS
-        )
-        self.propagation = Histogram(
-            "graceful_propagation_seconds", PROPAGATION_DOC, registry=None, buckets=PROPAGATION_BUCKETS
-        )
+        self.histograms = {
+            attribute: Histogram(name, doc, registry=None, buckets=bounds)
+            for attribute, (name, doc, bounds) in HISTOGRAMS.items()
+        }
         self._pushed: dict[tuple[str, str], int] = {}
-        self._durations_pushed = 0
-        self._propagation_pushed = 0
+        self._observed = dict.fromkeys(HISTOGRAMS, 0)
         drain.add_listener(self.sync)
         self.sync()
 
@@ -165,9 +162,8 @@ class MultiprocessMirror:
                 if delta:
                     counter.labels(label).inc(delta)
                     self._pushed[(group, label)] = value
-        for duration in drain.drain_durations[self._durations_pushed :]:
-            self.durations.observe(duration)
-        self._durations_pushed = len(drain.drain_durations)
-        for seconds in drain.propagation_durations[self._propagation_pushed :]:
-            self.propagation.observe(seconds)
-        self._propagation_pushed = len(drain.propagation_durations)
+        for attribute, histogram in self.histograms.items():
+            samples = _samples(drain, attribute)
+            for sample in samples[self._observed[attribute] :]:
+                histogram.observe(sample)
+            self._observed[attribute] = len(samples)

@@ -12,9 +12,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from ._config import Config
 from ._frames import FinalFrame, default_final_frame
 from ._http import REFUSAL, Call, json_response, reject
-from ._state import ERROR, Drain, State
+from ._ledger import ERROR
+from ._options import DRAIN_OPTIONS
+from ._state import Drain
+from ._status import State
 from ._types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["GracefulMiddleware"]
@@ -22,20 +26,6 @@ __all__ = ["GracefulMiddleware"]
 logger = logging.getLogger("graceful")
 
 SERVING = State.SERVING
-_DRAIN_OPTIONS = frozenset(
-    {
-        "grace_period",
-        "reserve",
-        "drain_timeout",
-        "propagation_wait",
-        "propagation_quiet",
-        "admit_during_propagation",
-        "on_drain_start",
-        "on_drained",
-        "hook_timeout",
-        "unwind_timeout",
-    }
-)
 
 
 class GracefulMiddleware:
@@ -74,7 +64,7 @@ class GracefulMiddleware:
         final_frame: FinalFrame = default_final_frame,
         **drain_options: Any,
     ) -> None:
-        unknown = set(drain_options) - _DRAIN_OPTIONS
+        unknown = set(drain_options) - DRAIN_OPTIONS
         if unknown:
             raise TypeError(f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; see the README for options")
         if drain is None:
@@ -91,35 +81,37 @@ class GracefulMiddleware:
                 raise ValueError(f"{name}={value!r} must be at least 1 (or None for no limit)")
         self.app = app
         self.drain = drain
-        self.ready_on_startup = ready_on_startup
         self.live_check = live_check
-        self.final_frame = final_frame
-        self.admin = admin
-        self.socket_dir = socket_dir
-        self.socket_mode = socket_mode
         self.max_in_flight = max_in_flight if max_in_flight is not None else 1 << 62
         self.reject_over = reject_over if reject_over is not None else 1 << 62
-        self.retry_after = str(retry_after).encode()
-        self.request_id_header = request_id_header.lower().encode() if request_id_header else None
-        self._ids = itertools.count(1)
-        self._id_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}-".encode()
         # How to find the task that runs a request, so the deadline can cancel it; chosen
         # on the first request, when we know which event loop runs us.
         self.current_task: Callable[[], asyncio.Task[Any] | None] = self._detect_loop
-        self.admin_server: Any = None  # the AdminServer, once lifespan startup has run
-        self.mirror: Any = None  # a MultiprocessMirror, in prometheus-client's multi-process mode
 
         from ._metrics import MultiprocessMirror, multiprocess_dir, register
 
         self.registry = register(drain, registry)
-        if multiprocess_dir():
-            self.mirror = MultiprocessMirror(drain)
+        self.settings = Config(
+            app=app,
+            drain=drain,
+            retry_after=str(retry_after).encode(),
+            request_id_header=request_id_header.lower().encode() if request_id_header else None,
+            id_prefix=f"{os.getpid():x}-{os.urandom(3).hex()}-".encode(),
+            ids=itertools.count(1),
+            final_frame=final_frame,
+            ready_on_startup=ready_on_startup,
+            admin=admin,
+            socket_dir=socket_dir,
+            socket_mode=socket_mode,
+            # prometheus-client's multi-process mode needs the counters copied to its files.
+            mirror=MultiprocessMirror(drain) if multiprocess_dir() else None,
+        )
         # One dict lookup per request decides whether a path is special; None means "pass to the app".
         self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = {path: None for path in exempt_paths}
         if metrics_path:
             self._special[metrics_path] = self._metrics
         self._special[ready_path] = self._ready
-        self._special[live_path] = self._live
+        self._special[live_path] = self._liveness
         self._special[startup_path] = self._startup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -133,13 +125,11 @@ class GracefulMiddleware:
                 await handler(scope, receive, send)
                 return
             drain = self.drain
-            if drain._state is not SERVING and not drain.admits(scope.get("client")):
-                return await self._refuse(scope, receive, send, REFUSAL[drain._state])
-            if drain._in_flight >= self.reject_over:
+            if drain.state is not SERVING and not drain.admits(scope.get("client")):
+                return await self._refuse(scope, receive, send, REFUSAL[drain.state])
+            call = Call(self.settings, scope, receive, send, self.current_task())
+            if not drain.admit_item(call, self.reject_over):
                 return await self._refuse(scope, receive, send, "server_overloaded")
-            call = Call(self, scope, receive, send)
-            drain._in_flight += 1
-            drain._live[call] = None
             try:
                 if call.task is not None:
                     await self.app(scope, call.receive, call.send)
@@ -155,15 +145,12 @@ class GracefulMiddleware:
         if kind == "websocket":
             from ._websocket import websocket_call
 
-            return await websocket_call(self, scope, receive, send)
+            return await websocket_call(self.settings, scope, receive, send)
         if kind == "lifespan":
             from ._lifespan import lifespan
 
-            return await lifespan(self, scope, receive, send)
+            return await lifespan(self.settings, scope, receive, send)
         await self.app(scope, receive, send)
-
-    def next_request_id(self) -> bytes:
-        return b"%b%d" % (self._id_prefix, next(self._ids))
 
     def _detect_loop(self) -> asyncio.Task[Any] | None:
         # asyncio tasks are cancelled directly at the deadline; other loops (trio) get a
@@ -177,17 +164,17 @@ class GracefulMiddleware:
         return self.current_task()
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-        self.drain._reject(reason)
-        await reject(self, scope, receive, send, reason)
+        self.drain.count_rejected(reason)
+        await reject(self.settings, scope, receive, send, reason)
 
     # -- probes: answered here, never counted, never refused ----------------------------------
 
     async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
         drain = self.drain
-        ok = drain._state is SERVING and drain._in_flight < self.max_in_flight
+        ok = drain.state is SERVING and drain.in_flight < self.max_in_flight
         await json_response(send, 200 if ok else 503, _probe_body(drain, ok))
 
-    async def _live(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:
         ok = True
         if self.live_check is not None:
             try:
@@ -198,14 +185,14 @@ class GracefulMiddleware:
         await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
 
     async def _startup(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ok = self.drain._state is not State.STARTING
+        ok = self.drain.state is not State.STARTING
         await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         from ._metrics import render
 
-        if self.mirror is not None:
-            self.mirror.sync()
+        if self.settings.mirror is not None:
+            self.settings.mirror.sync()
         body, content_type = render(self.registry)
         await send(
             {
@@ -222,4 +209,4 @@ def _no_task() -> None:
 
 
 def _probe_body(drain: Drain, ok: bool) -> bytes:
-    return json.dumps({"ok": ok, "state": drain._state.value, "in_flight": drain._in_flight}).encode()
+    return json.dumps({"ok": ok, "state": drain.state.value, "in_flight": drain.in_flight}).encode()

@@ -30,7 +30,9 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 from ._admin import default_socket_dir, socket_path
 from ._budget import ConfigError
 from ._middleware import GracefulMiddleware
-from ._state import Drain, State
+from ._options import DRAIN_OPTIONS
+from ._state import Drain
+from ._status import State
 
 __all__ = ["GracefulServer", "load_app", "serve"]
 
@@ -244,17 +246,10 @@ def load_app(target: str, options: dict[str, Any], *, explicit: frozenset[str] =
 
 
 def _warn_conflicts(app: GracefulMiddleware, options: dict[str, Any], explicit: frozenset[str]) -> None:
-    budget = app.drain.budget
-    current = {
-        "grace_period": budget.grace_period,
-        "reserve": budget.reserve,
-        "drain_timeout": budget.drain_timeout,
-        "propagation_wait": budget.propagation_wait,
-        "propagation_quiet": budget.propagation_quiet,
-        "admit_during_propagation": app.drain.admit_during_propagation,
-        # None means "the default", which the launcher points at --socket-dir through the env.
-        "socket_dir": app.socket_dir if app.socket_dir is not None else options.get("socket_dir"),
-    }
+    config = app.drain.config
+    # None means "the default", which the launcher points at --socket-dir through the env.
+    socket_dir = app.settings.socket_dir if app.settings.socket_dir is not None else options.get("socket_dir")
+    current = {name: getattr(config, name) for name in DRAIN_OPTIONS} | {"socket_dir": socket_dir}
     for name in sorted(explicit):
         if name in current and options.get(name) != current[name]:
             value = options.get(name)

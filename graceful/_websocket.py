@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import json
-import time
-from typing import TYPE_CHECKING
 
 import anyio
 
+from ._config import Config
 from ._http import NOT_STARTED_HEADER, REFUSAL
-from ._state import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, State
+from ._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, Tracked
+from ._status import State
 from ._types import Message, Receive, Scope, Send
-
-if TYPE_CHECKING:
-    from ._middleware import GracefulMiddleware
 
 SERVICE_RESTART = 1012  # RFC 6455 registry: "Service Restart"
 
 
-async def websocket_call(mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
-    drain = mw.drain
-    if drain._state is not State.SERVING and not drain.admits(scope.get("client")):
-        reason = REFUSAL[drain._state]
-        drain._reject(reason)
+async def websocket_call(config: Config, scope: Scope, receive: Receive, send: Send) -> None:
+    drain = config.drain
+    if drain.state is not State.SERVING and not drain.admits(scope.get("client")):
+        reason = REFUSAL[drain.state]
+        drain.count_rejected(reason)
         await _refuse(scope, receive, send, reason)
         return
-    await _Socket(mw, scope, receive, send).run()
+    await _Socket(config, scope, receive, send).run()
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
@@ -50,27 +47,24 @@ async def _drop(message: Message) -> None:
     pass
 
 
-class _Socket:
-    __slots__ = ("mw", "scope", "_receive", "_send", "cancel_scope", "accepted", "open", "t0")
+class _Socket(Tracked):
+    __slots__ = ("config", "scope", "_receive", "_send", "cancel_scope", "accepted")
 
-    def __init__(self, mw: GracefulMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
-        self.mw = mw
+    def __init__(self, config: Config, scope: Scope, receive: Receive, send: Send) -> None:
+        super().__init__(config.drain)
+        self.config = config
         self.scope = scope
         self._receive = receive
         self._send = send
         self.cancel_scope: anyio.CancelScope | None = None
         self.accepted = False
-        self.open = True
-        self.t0 = time.monotonic()
 
     async def run(self) -> None:
-        drain = self.mw.drain
-        drain._in_flight += 1
-        drain._live[self] = None
+        self.config.drain.admit_item(self)
         outcome = ERROR
         try:
             with anyio.CancelScope() as self.cancel_scope:
-                await self.mw.app(self.scope, self.receive, self.send)
+                await self.config.app(self.scope, self.receive, self.send)
             outcome = CANCELLED if self.cancel_scope.cancelled_caught else COMPLETED
         except OSError:
             outcome = CLIENT_DISCONNECTED
@@ -80,13 +74,6 @@ class _Socket:
             raise
         finally:
             self.finish(outcome)
-
-    def finish(self, outcome: int) -> None:
-        if self.open:
-            self.open = False
-            drain = self.mw.drain
-            del drain._live[self]
-            drain._release(outcome)
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -102,15 +89,12 @@ class _Socket:
         if kind == "websocket.close":
             self.finish(COMPLETED)
 
-    def describe(self) -> str:
-        return f"websocket {self.scope['path']} ({time.monotonic() - self.t0:.1f}s)"
+    def label(self) -> str:
+        return f"websocket {self.scope['path']}"
 
-    async def expire(self) -> None:
-        if not self.open:
-            return
+    async def cut(self) -> None:
         send = self._send
         self._send = _drop
-        self.mw.drain.count_truncated("deadline")
         try:
             if self.accepted:
                 await send({"type": "websocket.close", "code": SERVICE_RESTART, "reason": "server restart"})

@@ -211,7 +211,7 @@ async def test_draining_refuses_new_work_before_the_app_sees_it() -> None:
 async def test_refusal_names_the_state(state: State, kind: str) -> None:
     mw = make(streaming_app(1))
     if state is State.STARTING:
-        mw.drain._state = State.STARTING
+        mw.drain.state = State.STARTING
     else:
         mw.drain.mark_stopped()
     rec = Recorder(mw.drain)
@@ -305,7 +305,7 @@ async def test_probes_are_answered_without_the_app_and_never_counted() -> None:
 
     healthy = True
     mw = make(app, live_check=lambda: healthy)
-    mw.drain._state = State.STARTING
+    mw.drain.state = State.STARTING
 
     async def probe(path: str) -> int:
         rec = Recorder(mw.drain)

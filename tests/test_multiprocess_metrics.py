@@ -25,7 +25,7 @@ async def main():
     for _ in range(int(sys.argv[1])):
         async with drain.track():
             pass
-    drain._reject("server_draining")
+    drain.count_rejected("server_draining")
     if sys.argv[2] == "drain":
         await drain.drain(timeout=1)
     mirror.sync()

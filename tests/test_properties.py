@@ -142,7 +142,7 @@ async def _check(specs: list[tuple[int, str]], order: list[int], drain_at: int) 
         expected[EXPECTED[script.end]] += 1
     assert counted == expected
     assert sum(counted.values()) == len(scripts)
-    assert not mw.drain._live
+    assert not mw.drain.items()
 
 
 @pytest.mark.parametrize("end", ENDS)

@@ -4,7 +4,7 @@ The rule: the wait ends early once no new request has arrived for ``quiet`` seco
 probes and exempt paths don't count, admitted and refused requests do;
 ``propagation_wait`` stays the upper bound; the wait never ends before one quiet period
 from drain start. Most tests drive the Drain's own clock (a fake ``time`` in
-graceful._state) so that every instant is exact; the runner tests use real time with
+graceful._state and graceful._run) so that every instant is exact; the runner tests use real time with
 lower bounds and order of events.
 """
 
@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
+import graceful._run
 import graceful._state
 from graceful import ConfigError, Drain, GracefulMiddleware, State
 from graceful._cli import _progress_line
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.anyio
 
 
 class FakeTime:
-    """Stands in for the ``time`` module inside graceful._state only (the event loop keeps real time)."""
+    """Stands in for ``time`` in graceful._state and graceful._run only (the event loop keeps real time)."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -45,6 +46,7 @@ class FakeTime:
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
     fake = FakeTime()
     monkeypatch.setattr(graceful._state, "time", fake)
+    monkeypatch.setattr(graceful._run, "time", fake)
     return fake
 
 

@@ -45,7 +45,7 @@ async def test_refusal_without_the_denial_extension_closes_with_1013(state: Stat
     elif state is State.STOPPED:
         mw.drain.mark_stopped()
     else:
-        mw.drain._state = State.STARTING
+        mw.drain.state = State.STARTING
     sent: list[Message] = []
 
     async def send(message: Message) -> None:

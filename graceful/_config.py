@@ -1,0 +1,37 @@
+"""What the middleware's helpers read: a small frozen config instead of the middleware itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._frames import FinalFrame
+from ._state import Drain
+from ._types import ASGIApp
+
+if TYPE_CHECKING:
+    from ._metrics import MultiprocessMirror
+
+__all__ = ["Config"]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The settings of one ``GracefulMiddleware``, for ``_http``, ``_websocket`` and ``_lifespan``."""
+
+    app: ASGIApp
+    drain: Drain
+    retry_after: bytes  # the Retry-After value of refusals
+    request_id_header: bytes | None  # lower-case; None: no request-id echo
+    id_prefix: bytes
+    ids: Iterator[int]  # numbers for request ids made here
+    final_frame: FinalFrame
+    ready_on_startup: bool
+    admin: bool
+    socket_dir: str | None
+    socket_mode: int
+    mirror: MultiprocessMirror | None
+
+    def next_request_id(self) -> bytes:
+        return b"%b%d" % (self.id_prefix, next(self.ids))

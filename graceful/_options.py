@@ -1,0 +1,142 @@
+"""The drain options, defined once.
+
+``DrainConfig`` is what ``Drain`` is built from. Its fields are the options that
+``Drain(...)`` and ``GracefulMiddleware(..., **options)`` take, that ``graceful run``
+compares against an app wrapped elsewhere, and that the documentation's option table
+lists (a test holds that table to the ``doc`` metadata below).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._budget import Budget, ConfigError, check_quiet, parse_duration
+
+__all__ = ["DRAIN_OPTIONS", "DrainConfig", "Hook"]
+
+logger = logging.getLogger("graceful")
+
+Hook = Callable[[], Awaitable[None]]
+
+
+def _doc(default: str, meaning: str) -> dict[str, tuple[str, str]]:
+    return {"doc": (default, meaning)}
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """Drain options with durations parsed and the budget's defaults filled in."""
+
+    grace_period: float = field(
+        metadata=_doc("env `GRACEFUL_GRACE_PERIOD`, else 30", "the pod's `terminationGracePeriodSeconds`")
+    )
+    reserve: float = field(
+        metadata=_doc("30% of grace, ≥ 10 s", "left after the deadline for sidecars, log flush and exit")
+    )
+    drain_timeout: float | None = field(
+        default=None, metadata=_doc("none", "an upper bound on the drain, below `grace_period − reserve`")
+    )
+    propagation_wait: float = field(
+        default=0.0,
+        metadata=_doc(
+            "0",
+            "minimum drain time, for endpoint removal to reach every balancer "
+            "(with `propagation_quiet`: the upper bound)",
+        ),
+    )
+    propagation_quiet: float | None = field(
+        default=None,
+        metadata=_doc(
+            "env `GRACEFUL_PROPAGATION_QUIET`, else none",
+            "end the propagation wait early once no new request has arrived for this long (see below)",
+        ),
+    )
+    admit_during_propagation: bool = field(
+        default=True,
+        metadata=_doc(
+            "True",
+            "keep admitting until the propagation wait ends; False refuses from the drain's first instant (see below)",
+        ),
+    )
+    on_drain_start: Hook | None = field(
+        default=None,
+        metadata=_doc("none", "async hooks (deregister, flush audit data); cut off when they overrun"),
+    )
+    on_drained: Hook | None = field(
+        default=None,
+        metadata=_doc("none", "async hooks (deregister, flush audit data); cut off when they overrun"),
+    )
+    hook_timeout: float = field(
+        default=5.0, metadata=_doc("5 s", "how long `on_drained` may take (never past deadline + reserve/2)")
+    )
+    unwind_timeout: float = field(
+        default=2.0, metadata=_doc("2 s", "after the deadline, how long to wait for cancelled work to unwind")
+    )
+
+    @classmethod
+    def resolve(cls, **options: Any) -> DrainConfig:
+        """Parse user options (durations as numbers or strings); raises ConfigError or TypeError."""
+        unknown = set(options) - DRAIN_OPTIONS
+        if unknown:
+            raise TypeError(f"unknown drain option(s) {sorted(unknown)}; the options are {sorted(DRAIN_OPTIONS)}")
+        budget = Budget.resolve(
+            grace_period=options.get("grace_period"),
+            reserve=options.get("reserve"),
+            drain_timeout=options.get("drain_timeout"),
+            propagation_wait=options.get("propagation_wait", 0.0),
+            propagation_quiet=options.get("propagation_quiet"),
+        )
+        admit = options.get("admit_during_propagation", True)
+        if not isinstance(admit, bool):
+            raise ConfigError(f"admit_during_propagation: expected True or False, got {admit!r}")
+        config = cls(
+            grace_period=budget.grace_period,
+            reserve=budget.reserve,
+            drain_timeout=budget.drain_timeout,
+            propagation_wait=budget.propagation_wait,
+            propagation_quiet=budget.propagation_quiet,
+            admit_during_propagation=admit,
+            on_drain_start=options.get("on_drain_start"),
+            on_drained=options.get("on_drained"),
+            hook_timeout=parse_duration(options.get("hook_timeout", 5.0), name="hook_timeout"),
+            unwind_timeout=parse_duration(options.get("unwind_timeout", 2.0), name="unwind_timeout"),
+        )
+        for problem in budget.problems(admit=admit):
+            logger.warning("budget: %s", problem)
+        logger.debug("budget: %s", budget.describe(admit=admit))
+        return config
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(
+            grace_period=self.grace_period,
+            reserve=self.reserve,
+            drain_timeout=self.drain_timeout,
+            propagation_wait=self.propagation_wait,
+            propagation_quiet=self.propagation_quiet,
+        )
+
+    def overridden(
+        self, propagation_wait: float | str | None, propagation_quiet: float | str | None, timeout: float | str | None
+    ) -> tuple[float, float | None, float]:
+        """The (wait, quiet, limit) of one drain with these overrides of the configured values."""
+        wait = self.propagation_wait
+        if propagation_wait is not None:
+            wait = parse_duration(propagation_wait, name="propagation_wait")
+        quiet = self.propagation_quiet
+        if propagation_quiet is not None:
+            quiet = parse_duration(propagation_quiet, name="propagation_quiet")
+            check_quiet(quiet, wait, given=propagation_quiet)
+        limit = self.budget.limit
+        if timeout is not None:
+            limit = min(limit, parse_duration(timeout, name="timeout"))
+        return wait, quiet, limit
+
+
+# The option names, in the order of the table.
+OPTION_DOCS: dict[str, tuple[str, str]] = {f.name: f.metadata["doc"] for f in dataclasses.fields(DrainConfig)}
+DRAIN_OPTIONS = frozenset(OPTION_DOCS)

@@ -1,0 +1,261 @@
+"""One drain run: its clock, propagation phase, deadline, leader and result.
+
+``Drain.begin_drain`` starts a run and ``Drain.resume`` / ``Drain.mark_stopped`` end
+it. The first caller of ``join`` leads the run (shielded, so that the deadline holds
+even if that caller goes away); later callers wait for its result. The leader sleeps
+until the next instant that can change the outcome and is woken by the last release,
+by ``end`` and by the deadline: no polling.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+import anyio
+
+from ._ledger import Tracked
+from ._options import DrainConfig, Hook
+from ._status import DrainOutcome, DrainResult, Tally
+
+__all__ = ["DrainRun"]
+
+logger = logging.getLogger("graceful")
+
+
+class Machine(Protocol):
+    """What a run reads from and reports to its drain (``Drain`` is one)."""
+
+    config: DrainConfig
+    tally: Tally
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def items(self) -> Iterable[Tracked]: ...
+
+    def notify(self) -> None: ...
+
+
+class DrainRun:
+    """One drain, from ``begin_drain`` to its result."""
+
+    def __init__(self, machine: Machine, reason: str, *, wait: float, quiet: float | None, limit: float) -> None:
+        now = time.monotonic()
+        self.machine = machine
+        self.reason = reason
+        self.started = now
+        self.started_wall = time.time()
+        self.prop_end = now + wait
+        # A configured quiet period longer than this drain's wait changes nothing: the wait bounds it.
+        self.quiet = quiet if quiet is not None and quiet < wait else None
+        self.last_arrival = -math.inf  # monotonic; before `started` means "none yet"
+        self.prop_over = False
+        self.deadline = now + limit
+        self.follow_up = False
+        self.ended: DrainOutcome | None = None  # set by end(): resumed or stopped
+        self.leader = False
+        self.done: anyio.Event | None = None
+        self.result: DrainResult | None = None
+        self.waker: anyio.Event | None = None
+
+    def follow(self) -> DrainRun:
+        """A run for work admitted after this one drained, within the same deadline.
+
+        A pinned connection's one more request (see ``Drain.admits``) can arrive after
+        the drain has ended: waiting for it too keeps the exit that follows (SIGTERM)
+        bounded and cuts nothing.
+        """
+        run = copy.copy(self)
+        run.follow_up, run.leader, run.done, run.result, run.waker = True, False, None, None, None
+        return run
+
+    # -- read by the drain -----------------------------------------------------------
+
+    def wall(self, mono: float) -> float:
+        return mono + self.started_wall - self.started
+
+    def in_propagation(self, now: float) -> bool:
+        """Whether a new request arriving ``now`` is in the propagation phase; records it if so."""
+        if now < self.propagation_end(now):
+            self.last_arrival = now
+            return True
+        return False
+
+    def propagation_end(self, now: float) -> float:
+        """When the propagation phase ends, as known at ``now``; fixed once it has ended.
+
+        Without ``propagation_quiet`` that is drain start + ``propagation_wait``. With it,
+        the phase also ends once no new request has arrived for ``quiet`` seconds, and
+        never before ``quiet`` seconds from drain start. Arrivals only move this later,
+        so the leader sleeps until it and re-arms when it has moved: no polling.
+        """
+        wait_end = self.prop_end
+        if self.prop_over or self.quiet is None and now < wait_end:
+            return wait_end
+        end = wait_end
+        if self.quiet is not None:
+            end = min(end, max(self.started, self.last_arrival) + self.quiet)
+        if now >= end and self.ended is None:
+            self.prop_over = True
+            self.prop_end = end
+            last = max(0.0, self.last_arrival - self.started)
+            self.machine.tally.propagation_durations.append(last)
+            logger.info(
+                "propagation phase over %.3fs after drain start (%s); last new request %.3fs after drain start",
+                end - self.started,
+                f"no new request for {self.quiet:g}s" if end < wait_end else "propagation_wait",
+                last,
+            )
+        return end
+
+    def times(self, now: float) -> dict[str, float | None]:
+        """The wall-clock times of this run, for ``DrainStatus``."""
+        return {
+            "drain_started": self.started_wall,
+            "deadline": self.wall(self.deadline),
+            "propagation_until": self.wall(self.propagation_end(now)),
+            "last_request": self.wall(self.last_arrival) if self.last_arrival >= self.started else None,
+        }
+
+    def snapshot(self, outcome: DrainOutcome, in_flight: int) -> DrainResult:
+        return DrainResult(
+            result=outcome,
+            in_flight=in_flight,
+            duration=0.0,
+            reason=self.reason,
+            started_at=self.started_wall,
+            deadline=self.started_wall,
+        )
+
+    # -- driven by the drain ----------------------------------------------------------
+
+    def wake(self) -> None:
+        if self.waker is not None:
+            self.waker.set()
+
+    def end(self, outcome: DrainOutcome) -> None:
+        """The drain left DRAINING (``resumed`` or ``stopped``): the leader returns."""
+        if self.ended is None:
+            self.ended = outcome
+        self.wake()
+
+    async def join(self) -> DrainResult:
+        """Lead the run if nobody does yet, else wait for the leader; return the result."""
+        if self.done is None:
+            self.done = anyio.Event()
+        if not self.leader:
+            self.leader = True
+            # The leader's work must finish even if the caller that started it goes away:
+            # other callers wait on it and the deadline must still be enforced.
+            with anyio.CancelScope(shield=True):
+                await self._run(self.done)
+        else:
+            await self.done.wait()
+        assert self.result is not None
+        return self.result
+
+    async def _run(self, done: anyio.Event) -> None:
+        machine = self.machine
+        config = machine.config
+        start = self.started
+        deadline = self.deadline
+        truncated = 0
+        leftover: tuple[str, ...] = ()
+        left = 0
+        try:
+            if not self.follow_up:
+                await _call_hook(config.on_drain_start, "on_drain_start", deadline - time.monotonic())
+            while True:
+                if self.ended is not None:
+                    outcome: DrainOutcome = self.ended
+                    left = machine.in_flight
+                    if outcome == "stopped" and left == 0:
+                        outcome = "drained"
+                    break
+                now = time.monotonic()
+                prop_end = self.propagation_end(now)
+                if machine.in_flight == 0 and now >= prop_end:
+                    outcome = "drained"
+                    break
+                if now >= deadline:
+                    outcome = "timeout"
+                    left = machine.in_flight
+                    leftover = tuple(item.describe() for item in machine.items())
+                    truncated = await self._expire_all()
+                    break
+                # Re-armed each turn: new arrivals move a quiet end later without waking us.
+                wake_at = deadline if now >= prop_end else min(prop_end, deadline)
+                self.waker = anyio.Event()
+                with anyio.move_on_after(wake_at - now):
+                    await self.waker.wait()
+                self.waker = None
+        finally:
+            self.waker = None
+        duration = time.monotonic() - start
+        if outcome in ("drained", "timeout") and not self.follow_up:
+            machine.tally.add(machine.tally.drains, outcome)
+            machine.tally.drain_durations.append(duration)
+        self.result = DrainResult(
+            result=outcome,
+            in_flight=left,
+            duration=duration,
+            reason=self.reason,
+            started_at=self.started_wall,
+            deadline=self.wall(deadline),
+            truncated=truncated,
+            leftover=leftover,
+            propagation=self.prop_end - start if self.prop_over else None,
+            last_request=self.last_arrival - start if self.last_arrival >= start else None,
+        )
+        self._log_summary(self.result)
+        if outcome != "resumed" and not self.follow_up:
+            # on_drained gets hook_timeout, but never more than half the reserve past the deadline.
+            room = deadline + config.reserve / 2 - time.monotonic()
+            await _call_hook(config.on_drained, "on_drained", min(config.hook_timeout, room))
+        done.set()
+        machine.notify()
+
+    async def _expire_all(self) -> int:
+        machine = self.machine
+        items = list(machine.items())
+        logger.warning("drain deadline passed: ending %d request(s) still in flight", len(items))
+        self.waker = anyio.Event()
+        with anyio.move_on_after(machine.config.unwind_timeout):
+            async with anyio.create_task_group() as tg:
+                for item in items:
+                    tg.start_soon(item.expire)
+            while machine.in_flight:
+                await self.waker.wait()
+                self.waker = anyio.Event()
+        return len(items)
+
+    def _log_summary(self, result: DrainResult) -> None:
+        counters = self.machine.tally.as_dict()
+        logger.info(
+            "drain %s: reason=%s duration=%.3fs in_flight_left=%d truncated=%d completed=%d "
+            "client_disconnected=%d errors=%d cancelled=%d rejected=%d",
+            result.result,
+            result.reason,
+            result.duration,
+            result.in_flight,
+            result.truncated,
+            *counters["requests"].values(),
+            sum(counters["rejected"].values()),
+        )
+
+
+async def _call_hook(hook: Hook | None, name: str, limit: float) -> None:
+    if hook is None:
+        return
+    with anyio.move_on_after(max(limit, 0.0)) as scope:
+        try:
+            await hook()
+        except Exception:
+            logger.exception("%s hook failed", name)
+    if scope.cancelled_caught:
+        logger.warning("%s hook overran its %.1fs budget and was cut off", name, max(limit, 0.0))

@@ -1,0 +1,114 @@
+"""The drain states and the frozen snapshots read from a drain (like anyio's ``EventStatistics``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["OUTCOMES", "DrainOutcome", "DrainResult", "DrainStatus", "State", "Tally"]
+
+DrainOutcome = Literal["drained", "timeout", "resumed", "stopped"]
+# Request outcomes: Tally.outcomes is indexed by the constants of the same order in _ledger.
+OUTCOMES = ("completed", "client_disconnected", "error", "cancelled")
+
+
+class State(str, enum.Enum):
+    STARTING = "STARTING"
+    SERVING = "SERVING"
+    DRAINING = "DRAINING"
+    STOPPED = "STOPPED"
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """What one drain did: ``result`` is ``drained`` when in-flight work reached zero in time."""
+
+    result: DrainOutcome
+    in_flight: int
+    duration: float
+    reason: str
+    started_at: float
+    deadline: float
+    truncated: int = 0
+    leftover: tuple[str, ...] = ()
+    # Seconds from drain start: when the propagation phase ended (None if it had not), and
+    # when its last new request arrived (None if none did).
+    propagation: float | None = None
+    last_request: float | None = None
+
+    @property
+    def drained(self) -> bool:
+        return self.result == "drained"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "result": self.result,
+            "drained": self.drained,
+            "in_flight": self.in_flight,
+            "duration": round(self.duration, 6),
+            "reason": self.reason,
+            "started_at": self.started_at,
+            "deadline": self.deadline,
+            "truncated": self.truncated,
+            "leftover": list(self.leftover),
+            "propagation": None if self.propagation is None else round(self.propagation, 6),
+            "last_request": None if self.last_request is None else round(self.last_request, 6),
+        }
+
+
+@dataclass(frozen=True)
+class DrainStatus:
+    """A read-only snapshot for ``/status`` and ``graceful status``."""
+
+    state: State
+    in_flight: int
+    pid: int
+    since: float
+    # Wall-clock times of the current (or last) drain; None before any drain.
+    drain_started: float | None = None
+    deadline: float | None = None
+    propagation_until: float | None = None
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Wall-clock time of the last new request of this drain's propagation phase, if any.
+    last_request: float | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "state": self.state.value,
+            "in_flight": self.in_flight,
+            "pid": self.pid,
+            "since": self.since,
+            "drain_started": self.drain_started,
+            "deadline": self.deadline,
+            "propagation_until": self.propagation_until,
+            "last_request": self.last_request,
+            "counters": self.counters,
+        }
+
+
+class Tally:
+    """What a drain counts for metrics and ``/status``, from process start."""
+
+    __slots__ = ("outcomes", "rejected", "drains", "truncated", "drain_durations", "propagation_durations")
+
+    def __init__(self) -> None:
+        self.outcomes = [0] * len(OUTCOMES)  # finished requests and jobs, by outcome index
+        self.rejected: dict[str, int] = {}  # refusals by reason
+        self.drains: dict[str, int] = {}  # drains by result (drained or timeout)
+        self.truncated: dict[str, int] = {}  # work ended by the deadline, by reason
+        self.drain_durations: list[float] = []
+        # Per drain: seconds from drain start to the last new request of the propagation phase.
+        self.propagation_durations: list[float] = []
+
+    @staticmethod
+    def add(group: dict[str, int], key: str) -> None:
+        group[key] = group.get(key, 0) + 1
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {
+            "requests": dict(zip(OUTCOMES, self.outcomes)),
+            "rejected": dict(self.rejected),
+            "drains": dict(self.drains),
+            "truncated": dict(self.truncated),
+        }
