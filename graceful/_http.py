@@ -12,7 +12,7 @@ import anyio
 from ._config import Config
 from ._frames import shutdown_error
 from ._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, Tracked
-from ._status import State
+from ._status import SERVING, State
 from ._types import Message, Receive, Scope, Send
 
 __all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
@@ -25,7 +25,6 @@ _HTTP1 = frozenset({"1.0", "1.1"})
 # 100 KB and more are normal, and base64 images make bodies of several MB.
 REFUSAL_BODY_LIMIT = 16 << 20
 REFUSAL_BODY_TIMEOUT = 1.0
-SERVING = State.SERVING
 
 # Why a request was refused, by state (SERVING: only the reject_over limit refuses).
 REFUSAL = {

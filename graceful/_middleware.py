@@ -18,14 +18,12 @@ from ._http import REFUSAL, Call, json_response, reject
 from ._ledger import ERROR
 from ._options import DRAIN_OPTIONS
 from ._state import Drain
-from ._status import State
+from ._status import SERVING, State
 from ._types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["GracefulMiddleware"]
 
 logger = logging.getLogger("graceful")
-
-SERVING = State.SERVING
 
 
 class GracefulMiddleware:

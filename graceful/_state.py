@@ -19,13 +19,12 @@ from typing import Any
 from ._ledger import NotAccepting, Tracked, track
 from ._options import DrainConfig
 from ._run import DrainRun
-from ._status import DrainResult, DrainStatus, State, Tally
+from ._status import DRAINING, SERVING, STOPPED, DrainResult, DrainStatus, State, Tally
 
 __all__ = ["Drain", "DrainResult", "DrainStatus", "NotAccepting", "State"]
 
 logger = logging.getLogger("graceful")
 
-SERVING, DRAINING, STOPPED = State.SERVING, State.DRAINING, State.STOPPED
 NO_LIMIT = 1 << 62
 Duration = float | str | None  # seconds, or a duration such as "10s"; None: the configured value
 

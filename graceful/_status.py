@@ -20,6 +20,10 @@ class State(str, enum.Enum):
     STOPPED = "STOPPED"
 
 
+# Module-level names for the hot path: reading a global is cheaper than an attribute of the enum class.
+SERVING, DRAINING, STOPPED = State.SERVING, State.DRAINING, State.STOPPED
+
+
 @dataclass(frozen=True)
 class DrainResult:
     """What one drain did: ``result`` is ``drained`` when in-flight work reached zero in time."""
