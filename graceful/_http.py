@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
@@ -12,6 +13,7 @@ import anyio
 from ._config import Config
 from ._frames import shutdown_error
 from ._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, Tracked
+from ._state import Drain
 from ._status import SERVING, State
 from ._types import Message, Receive, Scope, Send
 
@@ -120,20 +122,21 @@ class Call(Tracked):
     cancelled, exactly once whichever comes first.
     """
 
-    __slots__ = ("config", "drain", "scope", "_receive", "_send", "task", "cancel_scope", "started", "headers")
+    __slots__ = ("config", "scope", "_receive", "_send", "task", "cancel_scope", "headers")
+    ledger: Drain
 
     def __init__(self, config: Config, scope: Scope, receive: Receive, send: Send, task: Any) -> None:
+        # Tracked's fields set here, without a super() call: this runs once per request.
+        self.ledger = config.drain
+        self.open = True
+        self.t0 = time.monotonic()
         self.config = config
-        self.drain = self.ledger = config.drain
         self.scope = scope
         self._receive = receive
         self._send = send
         self.task: asyncio.Task[Any] | None = task
         self.cancel_scope: anyio.CancelScope | None = None
-        self.started = False
-        self.headers: list[tuple[bytes, bytes]] = _NO_HEADERS
-        self.open = True
-        self.t0 = time.monotonic()
+        self.headers: list[tuple[bytes, bytes]] = _NO_HEADERS  # until the response starts
 
     # The middleware runs the app and admits the call itself (one coroutine frame less
     # per request); these are the slow paths around it.
@@ -162,26 +165,30 @@ class Call(Tracked):
             self.finish(CLIENT_DISCONNECTED)
         return message
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        # Not a coroutine: a streamed frame and the response start go straight to the
+        # server's send, without a coroutine of ours per message.
         if message.get("more_body"):
-            return await self._send(message)
+            return self._send(message)
         kind = message["type"]
         if kind == "http.response.body":
-            await self._send(message)
-            self.finish(COMPLETED)
-            return
+            return self._send_last(message)
         if kind == "http.response.start":
-            self.started = True
             config = self.config
             headers = list(message.get("headers", ()))
             if config.request_id_header is not None:
                 headers.append((config.request_id_header, request_id(config, self.scope)))
-            if self.drain.state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
+            if self.ledger.state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
                 # Keep-alive clients and balancers must stop reusing this connection.
                 headers.append((b"connection", b"close"))
             self.headers = headers
             message = {**message, "headers": headers}
+        return self._send(message)
+
+    async def _send_last(self, message: Message) -> None:
+        """The body message that ends the response: the count ends once the server has it."""
         await self._send(message)
+        self.finish(COMPLETED)
 
     def content_type(self) -> bytes:
         for name, value in self.headers:
@@ -197,7 +204,7 @@ class Call(Tracked):
         send = self._send
         self._send = _drop
         try:
-            if not self.started:
+            if self.headers is _NO_HEADERS:  # the response has not started
                 close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in _HTTP1 else []
                 await json_response(send, 503, shutdown_error(), close)
             else:

@@ -203,10 +203,9 @@ class Drain:
 
     def release_item(self, item: Tracked, outcome: int) -> None:
         """``item`` has finished with ``outcome`` (an index into OUTCOMES); called once per item."""
-        work = self._work
-        del work[item]
+        del self._work[item]
         self._outcomes[outcome] += 1
-        if self._run is not None and not work:
+        if self._run is not None and not self._work:
             self._run.wake()
 
     def items(self) -> tuple[Tracked, ...]:
