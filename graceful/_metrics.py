@@ -21,7 +21,7 @@ from ._status import State
 __all__ = ["GracefulCollector", "MultiprocessMirror", "multiprocess_dir", "register", "render"]
 
 # Every graceful_* metric, written once: read by the collector and the multi-process mirror.
-STATE = ("graceful_state", "1 for the current drain state, 0 for the others (multi-process: workers in each state).")
+STATE = ("graceful_state", "1 for the current drain state, 0 for the others; multi-process: workers in each state.")
 IN_FLIGHT = ("graceful_in_flight", "Requests and jobs admitted and not finished.")
 # Keyed by the groups of Drain.counters(): (name, help, label).
 COUNTERS = {
@@ -30,7 +30,7 @@ COUNTERS = {
     "drains": ("graceful_drains", "Drains by result.", "result"),
     "truncated": ("graceful_truncated_streams", "Responses ended early by the drain deadline.", "reason"),
 }
-# Keyed by the Drain's list of samples: (name, help, buckets).
+# Keyed by the groups of Drain.tally.samples(): (name, help, buckets).
 HISTOGRAMS = {
     "drain_durations": (
         "graceful_drain_duration_seconds",
@@ -51,11 +51,6 @@ HISTOGRAMS = {
 _installed: weakref.WeakKeyDictionary[CollectorRegistry, GracefulCollector] = weakref.WeakKeyDictionary()
 
 
-def _samples(drain: Drain, attribute: str) -> list[float]:
-    samples: list[float] = getattr(drain, attribute)
-    return samples
-
-
 class GracefulCollector(Collector):
     def __init__(self, drain: Drain) -> None:
         self.drain = drain
@@ -70,8 +65,9 @@ class GracefulCollector(Collector):
         for group, values in drain.counters().items():
             name, doc, label = COUNTERS[group]
             yield _counter(name, doc, label, values)
-        for attribute, (name, doc, bounds) in HISTOGRAMS.items():
-            yield _histogram(name, doc, bounds, _samples(drain, attribute))
+        for group, samples in drain.tally.samples().items():
+            name, doc, bounds = HISTOGRAMS[group]
+            yield _histogram(name, doc, bounds, samples)
 
 
 def _counter(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
@@ -142,8 +138,8 @@ class MultiprocessMirror:
             group: Counter(name, doc, [label], registry=None) for group, (name, doc, label) in COUNTERS.items()
         }
         self.histograms = {
-            attribute: Histogram(name, doc, registry=None, buckets=bounds)
-            for attribute, (name, doc, bounds) in HISTOGRAMS.items()
+            group: Histogram(name, doc, registry=None, buckets=bounds)
+            for group, (name, doc, bounds) in HISTOGRAMS.items()
         }
         self._pushed: dict[tuple[str, str], int] = {}
         self._observed = dict.fromkeys(HISTOGRAMS, 0)
@@ -162,8 +158,7 @@ class MultiprocessMirror:
                 if delta:
                     counter.labels(label).inc(delta)
                     self._pushed[(group, label)] = value
-        for attribute, histogram in self.histograms.items():
-            samples = _samples(drain, attribute)
-            for sample in samples[self._observed[attribute] :]:
-                histogram.observe(sample)
-            self._observed[attribute] = len(samples)
+        for group, samples in drain.tally.samples().items():
+            for sample in samples[self._observed[group] :]:
+                self.histograms[group].observe(sample)
+            self._observed[group] = len(samples)

@@ -38,8 +38,8 @@ class Drain:
     have stopped sending), and refused after it; with ``admit_during_propagation=False``
     they are refused from the first instant. ``await drain()`` returns when the
     propagation wait has passed and nothing is in flight, or when the deadline passes.
-    The options are the fields of ``DrainConfig``. ``state`` is read-only: only the
-    transition methods below change it.
+    The options are the fields of ``DrainConfig``. ``state`` and ``since`` are
+    read-only: only the transition methods below change them.
     """
 
     def __init__(self, **options: Any) -> None:
@@ -47,7 +47,7 @@ class Drain:
         self.budget = config.budget
         self.admit_during_propagation = config.admit_during_propagation
         self.state = State.STARTING
-        self._since = time.time()
+        self.since = time.time()  # wall-clock time at which the current state was entered
         # The ledger: everything admitted and not yet finished, in order of admission.
         self._work: dict[Tracked, None] = {}
         # Connections (peer addresses) that were open when the drain began: see middleware.
@@ -69,11 +69,6 @@ class Drain:
     def accepting(self) -> bool:
         """True only while SERVING: queue consumers should take no new work otherwise."""
         return self.state is SERVING
-
-    @property
-    def since(self) -> float:
-        """Wall-clock time at which the current state was entered."""
-        return self._since
 
     @property
     def last_result(self) -> DrainResult | None:
@@ -105,7 +100,7 @@ class Drain:
         run = self._run
         shown = run is not None and (self.state is DRAINING or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
-        return DrainStatus(self.state, len(self._work), os.getpid(), self._since, counters=self.counters(), **times)
+        return DrainStatus(self.state, len(self._work), os.getpid(), self.since, counters=self.counters(), **times)
 
     def counters(self) -> dict[str, dict[str, int]]:
         return self.tally.as_dict()
@@ -182,8 +177,8 @@ class Drain:
         old = self.state
         self.state = new
         now = time.time()
-        elapsed = now - self._since
-        self._since = now
+        elapsed = now - self.since
+        self.since = now
         when = datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds")
         logger.info(
             "state %s -> %s at %s (reason=%s, in_flight=%d, elapsed=%.3fs)",

@@ -109,6 +109,10 @@ class Tally:
     def add(group: dict[str, int], key: str) -> None:
         group[key] = group.get(key, 0) + 1
 
+    def samples(self) -> dict[str, list[float]]:
+        """The histogram samples, by name."""
+        return {"drain_durations": self.drain_durations, "propagation_durations": self.propagation_durations}
+
     def as_dict(self) -> dict[str, dict[str, int]]:
         return {
             "requests": dict(zip(OUTCOMES, self.outcomes)),
