@@ -24,14 +24,11 @@ class Config:
     drain: Drain
     retry_after: bytes  # the Retry-After value of refusals
     request_id_header: bytes | None  # lower-case; None: no request-id echo
-    id_prefix: bytes
-    ids: Iterator[int]  # numbers for request ids made here
+    id_prefix: bytes  # request ids made here are id_prefix + the next of ids
+    ids: Iterator[int]
     final_frame: FinalFrame
     ready_on_startup: bool
     admin: bool
     socket_dir: str | None
     socket_mode: int
     mirror: MultiprocessMirror | None
-
-    def next_request_id(self) -> bytes:
-        return b"%b%d" % (self.id_prefix, next(self.ids))

@@ -65,7 +65,7 @@ def request_id(config: Config, scope: Scope) -> bytes:
     for name, value in scope["headers"]:
         if name == wanted:
             return bytes(value)
-    return config.next_request_id()
+    return b"%b%d" % (config.id_prefix, next(config.ids))
 
 
 async def reject(config: Config, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
