@@ -18,8 +18,8 @@ import anyio
 import click
 from click.core import ParameterSource
 
+from ._admin_client import NoServer, WorkerDrain, discover, drain_all, request_all
 from ._budget import Budget, ConfigError, check_quiet, parse_duration
-from ._client import NoServer, WorkerDrain, discover, drain_all, request_all
 
 __all__ = ["cli", "drain_command", "main"]
 

@@ -86,7 +86,7 @@ class _Services:
             with self.scope:
                 async with anyio.create_task_group() as tg:
                     if config.admin:
-                        from ._admin import AdminServer
+                        from ._admin_server import AdminServer
 
                         server = AdminServer(config.drain, socket_dir=config.socket_dir, socket_mode=config.socket_mode)
                         await tg.start(server.serve)

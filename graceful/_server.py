@@ -27,10 +27,10 @@ from uvicorn.config import LOGGING_CONFIG
 from uvicorn.importer import ImportFromStringError, import_from_string
 from uvicorn.supervisors.multiprocess import Multiprocess
 
-from ._admin import default_socket_dir, socket_path
 from ._budget import ConfigError
 from ._middleware import GracefulMiddleware
 from ._options import DRAIN_OPTIONS
+from ._paths import default_socket_dir, socket_path
 from ._state import Drain
 from ._status import State
 
@@ -213,7 +213,7 @@ class _Supervisor(Multiprocess):
         self._drainer.start()
 
     def _drain_workers(self, reason: str) -> None:
-        from ._client import NoServer, drain_all
+        from ._admin_client import NoServer, drain_all
 
         paths = [socket_path(self.socket_dir, process.pid) for process in self.processes if process.pid]
         try:

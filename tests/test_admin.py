@@ -20,7 +20,8 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from graceful import ConfigError, Drain, GracefulMiddleware, State
-from graceful._admin import AdminServer, prepare_socket_dir, socket_path
+from graceful._admin_server import AdminServer, prepare_socket_dir
+from graceful._paths import socket_path
 from tests.apps_streaming import app as streaming_app
 from tests.utils import free_port, run_uvicorn
 

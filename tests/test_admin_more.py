@@ -17,11 +17,11 @@ import anyio
 import httpx
 import pytest
 
-import graceful._admin
-import graceful._client
+import graceful._admin_client
+import graceful._admin_server
 from graceful import ConfigError, Drain, State
-from graceful._admin import AdminServer, prepare_socket_dir, remove_stale
-from graceful._client import NoServer, drain_all
+from graceful._admin_client import NoServer, drain_all
+from graceful._admin_server import AdminServer, prepare_socket_dir, remove_stale
 from tests.apps_more_workers import FakeWorker, chunk, ndjson, ndjson_head, status_line
 
 pytestmark = pytest.mark.anyio
@@ -92,7 +92,7 @@ def test_stale_socket_removed_by_a_sibling_first_is_not_an_error(
     """Two workers starting together both see the same dead socket; only one unlink wins."""
     first = os.path.join(socket_dir, "999990.sock")
     second = os.path.join(socket_dir, "999991.sock")
-    probe = graceful._admin.is_listening
+    probe = graceful._admin_server.is_listening
 
     def sibling_wins(path: str) -> bool:
         answer = probe(path)
@@ -100,7 +100,7 @@ def test_stale_socket_removed_by_a_sibling_first_is_not_an_error(
             os.unlink(path)  # the sibling worker's cleanup lands between our probe and our unlink
         return answer
 
-    monkeypatch.setattr(graceful._admin, "is_listening", sibling_wins)
+    monkeypatch.setattr(graceful._admin_server, "is_listening", sibling_wins)
     with bound(first), bound(second):
         assert remove_stale(socket_dir) == [second]
     assert os.listdir(socket_dir) == []
@@ -116,7 +116,7 @@ async def test_successor_socket_is_left_alone_at_shutdown(socket_dir: str) -> No
         tg.cancel_scope.cancel()
     try:
         assert os.path.exists(server.path)
-        assert graceful._admin.is_listening(server.path)
+        assert graceful._admin_server.is_listening(server.path)
     finally:
         successor.close()
 
@@ -224,7 +224,7 @@ async def test_chunked_body_over_the_limit_is_413(admin: AdminServer) -> None:
 async def test_connect_and_close_probe_is_silent(admin: AdminServer, caplog: pytest.LogCaptureFixture) -> None:
     """`is_listening` (and any liveness probe) connects and closes without a request."""
     with caplog.at_level(logging.WARNING, logger="graceful"):
-        assert graceful._admin.is_listening(admin.path)
+        assert graceful._admin_server.is_listening(admin.path)
         assert (await status_of(admin.path))["state"] == "SERVING"
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
@@ -282,7 +282,7 @@ async def test_drain_that_raises_is_reported_as_an_error_line(
 async def test_worker_with_no_final_answer_in_time(socket_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that sends its status line and then hangs is given up on after the deadline
     plus the client's slack (shortened here from 15 s)."""
-    monkeypatch.setattr(graceful._client, "_CLIENT_SLACK", 0.3)
+    monkeypatch.setattr(graceful._admin_client, "_CLIENT_SLACK", 0.3)
     worker = FakeWorker(
         os.path.join(socket_dir, "4001.sock"), ndjson_head() + chunk(ndjson(status_line(4001))), hold=True
     )

@@ -21,7 +21,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from graceful import GracefulMiddleware, State
-from graceful._admin import is_listening
+from graceful._admin_server import is_listening
 from graceful._server import GracefulServer
 from tests.apps_streaming import app as streaming_app
 from tests.test_run import Launched, start_streams

@@ -1,4 +1,4 @@
-"""The admin listener: HTTP/1.1 over a private Unix socket, one per worker process.
+"""The server end of the admin protocol (its client end is ``_admin_client``): HTTP/1.1 over a private Unix socket, one per worker process.
 
 It is started by the middleware's lifespan and so runs under any ASGI server that
 runs lifespan. There is deliberately no TCP variant: draining a pod is a local,
@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import stat
-import tempfile
 import time
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -23,34 +22,17 @@ import anyio.abc
 import h11
 
 from ._budget import ConfigError, parse_duration
+from ._paths import default_socket_dir, socket_path
 from ._state import Drain
 from ._status import State
 
-__all__ = ["AdminServer", "default_socket_dir", "prepare_socket_dir", "socket_path"]
+__all__ = ["AdminServer", "is_listening", "prepare_socket_dir", "remove_stale"]
 
 logger = logging.getLogger("graceful")
 
-MAX_PATH = 107  # sun_path is 108 bytes on Linux, including the terminating NUL
 MAX_REQUEST = 64 * 1024
 _NDJSON = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-store")]
 _ROUTES = {"/status": b"GET", "/drain": b"POST", "/resume": b"POST"}
-
-
-def default_socket_dir() -> str:
-    """``$GRACEFUL_SOCKET_DIR``, else ``<tempdir>/graceful-<uid>`` (``/tmp/graceful-0`` for root)."""
-    configured = os.environ.get("GRACEFUL_SOCKET_DIR", "").strip()
-    return configured or os.path.join(tempfile.gettempdir(), f"graceful-{os.getuid()}")
-
-
-def socket_path(socket_dir: str, pid: int) -> str:
-    path = os.path.join(socket_dir, f"{pid}.sock")
-    size = len(os.fsencode(path))
-    if size > MAX_PATH:
-        raise ConfigError(
-            f"admin socket path {path!r} is {size} bytes, over the {MAX_PATH}-byte Unix socket limit; "
-            "set --socket-dir / GRACEFUL_SOCKET_DIR to a shorter directory such as /tmp/graceful"
-        )
-    return path
 
 
 def prepare_socket_dir(socket_dir: str, *, group: bool = False) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import httpx
 
-from ._admin import default_socket_dir
+from ._paths import default_socket_dir
 
 __all__ = ["NoServer", "WorkerDrain", "discover", "drain_all", "request_all"]
 
