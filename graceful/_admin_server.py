@@ -1,4 +1,6 @@
-"""The server end of the admin protocol (its client end is ``_admin_client``): HTTP/1.1 over a private Unix socket, one per worker process.
+"""The server end of the admin protocol; ``_admin_client`` is its client end.
+
+HTTP/1.1 over a private Unix socket, one per worker process.
 
 It is started by the middleware's lifespan and so runs under any ASGI server that
 runs lifespan. There is deliberately no TCP variant: draining a pod is a local,
