@@ -121,7 +121,7 @@ def drain_command(
         if propagation_quiet is not None:
             _fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
         # Engine mode has its own budget rule (70% of the grace period), so it gets the raw options.
-        from ._engine import run_engine_drain
+        from ._cli_engine import run_engine_drain
 
         ctx.exit(
             run_engine_drain(

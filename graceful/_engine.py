@@ -18,31 +18,29 @@ module does it without their known faults:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
-import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, cast
 
 import anyio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ._budget import DEFAULT_GRACE_PERIOD, ConfigError, env_duration, parse_duration
+from ._budget import DEFAULT_GRACE_PERIOD, ConfigError, parse_duration
 
 __all__ = [
     "MAX_KV_BUFFER",
     "PRESETS",
+    "EngineConfig",
     "EngineDrainResult",
     "EnginePreset",
     "EngineProgress",
     "effective_wait",
+    "poll",
     "read_metrics",
-    "run_engine_drain",
     "wait_idle",
 ]
 
@@ -364,21 +362,91 @@ def _json_number(value: float | None) -> float | str | None:
 
 
 @dataclass(frozen=True)
-class _Plan:
-    url: str
-    metrics: tuple[str, ...]
-    interval: float
-    idle_reads: int
-    kv_buffer: float
-    propagation_wait: float
-    limit: float
-    preset: EnginePreset | None = None
+class EngineConfig:
+    """What engine mode watches, and for how long. Validated on creation.
+
+    ``engine`` names a preset (``vllm``, ``sglang``, ``tgi``, ``triton``) or is an
+    :class:`EnginePreset`; ``metrics`` and ``metrics_url`` replace its metrics and URL.
+    After creation ``metrics`` holds the names watched and ``metrics_url`` the page read,
+    whichever gave them. Durations are seconds; ``kv_buffer`` and ``propagation_wait``
+    also take text such as ``"5s"``. Raises :class:`ConfigError` naming the wrong value.
+    """
+
+    engine: str | EnginePreset | None = None
+    metrics_url: str | None = None
+    metrics: Sequence[str] = ()
+    interval: float = 1.0
+    idle_reads: int = 2
+    kv_buffer: float | str = 0.0
+    propagation_wait: float | str = 0.0
+    timeout: float | None = None
+    grace_period: float | None = None
+    preset: EnginePreset | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        engine, preset = self.engine, None
+        if isinstance(engine, EnginePreset):
+            preset = engine
+        elif engine is not None:
+            preset = PRESETS.get(engine.strip().lower())
+            if preset is None:
+                raise ConfigError(f"engine: unknown engine {engine!r}; use one of {', '.join(PRESETS)}")
+        names = tuple(dict.fromkeys(self.metrics)) or (preset.metrics if preset else ())
+        if not names:
+            raise ConfigError("no metrics to watch; pass --engine vllm|sglang|tgi|triton or at least one --metric NAME")
+        for name in names:
+            parse_metric(name)
+        url = self.metrics_url or (preset.url if preset else None)
+        if not url:
+            raise ConfigError("no metrics URL; pass --metrics-url http://127.0.0.1:PORT/metrics or an --engine preset")
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL:
+            parsed = httpx.URL()
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ConfigError(f"metrics-url: {url!r} is not an http(s) URL; use e.g. http://127.0.0.1:8000/metrics")
+        for label, seconds in (
+            ("interval", self.interval),
+            ("timeout", self.timeout),
+            ("grace-period", self.grace_period),
+        ):
+            if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+                raise ConfigError(f"{label}: {seconds!r} must be a positive number of seconds")
+        reads = self.idle_reads
+        if isinstance(reads, bool) or not isinstance(reads, int) or reads < 1:
+            raise ConfigError(f"idle-reads: {reads!r} must be a whole number of reads, 1 or more (default 2)")
+        kv = parse_duration(self.kv_buffer, name="kv-buffer")
+        if kv > MAX_KV_BUFFER:
+            raise ConfigError(
+                f"kv-buffer: {self.kv_buffer!r} is longer than {MAX_KV_BUFFER:g}s; decode peers pull the last KV "
+                "within seconds, and a long hold eats the grace period: use 30s or less"
+            )
+        wait = parse_duration(self.propagation_wait, name="propagation-wait")
+        limit = effective_wait(self.timeout, self.grace_period)
+        if wait >= limit:
+            raise ConfigError(
+                f"propagation-wait: {self.propagation_wait!r} does not fit in the {limit:g}s budget "
+                f"(min(timeout, {GRACE_SHARE:.0%} of the grace period)); shorten it or raise the grace period"
+            )
+        for name, value in (
+            ("preset", preset),
+            ("metrics", names),
+            ("metrics_url", url),
+            ("kv_buffer", kv),
+            ("propagation_wait", wait),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def limit(self) -> float:
+        """The whole budget: ``min(timeout, 70% of grace_period)``."""
+        return effective_wait(self.timeout, self.grace_period)
 
     @property
     def rules(self) -> EnginePreset | None:
         """The preset whose idle rules apply: only when its own metrics are watched (``--metric`` replaces them)."""
         preset = self.preset
-        return preset if preset is not None and self.metrics == preset.metrics else None
+        return preset if preset is not None and tuple(self.metrics) == preset.metrics else None
 
 
 def effective_wait(timeout: float | None, grace_period: float | None) -> float:
@@ -389,60 +457,6 @@ def effective_wait(timeout: float | None, grace_period: float | None) -> float:
     if grace_period is not None:
         limits.append(GRACE_SHARE * grace_period)
     return min(limits)
-
-
-def _plan(
-    *,
-    engine: str | EnginePreset | None,
-    metrics_url: str | None,
-    metrics: Sequence[str],
-    interval: float,
-    idle_reads: int,
-    kv_buffer: float,
-    propagation_wait: float,
-    timeout: float | None,
-    grace_period: float | None,
-) -> _Plan:
-    preset = None
-    if isinstance(engine, EnginePreset):
-        preset = engine
-    elif engine is not None:
-        preset = PRESETS.get(engine.strip().lower())
-        if preset is None:
-            raise ConfigError(f"engine: unknown engine {engine!r}; use one of {', '.join(PRESETS)}")
-    names = tuple(dict.fromkeys(metrics)) or (preset.metrics if preset else ())
-    if not names:
-        raise ConfigError("no metrics to watch; pass --engine vllm|sglang|tgi|triton or at least one --metric NAME")
-    for name in names:
-        parse_metric(name)
-    url = metrics_url or (preset.url if preset else None)
-    if not url:
-        raise ConfigError("no metrics URL; pass --metrics-url http://127.0.0.1:PORT/metrics or an --engine preset")
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
-        parsed = httpx.URL()
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(f"metrics-url: {url!r} is not an http(s) URL; use e.g. http://127.0.0.1:8000/metrics")
-    for label, seconds in (("interval", interval), ("timeout", timeout), ("grace-period", grace_period)):
-        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-            raise ConfigError(f"{label}: {seconds!r} must be a positive number of seconds")
-    if isinstance(idle_reads, bool) or not isinstance(idle_reads, int) or idle_reads < 1:
-        raise ConfigError(f"idle-reads: {idle_reads!r} must be a whole number of reads, 1 or more (default 2)")
-    kv = parse_duration(kv_buffer, name="kv-buffer")
-    if kv > MAX_KV_BUFFER:
-        raise ConfigError(
-            f"kv-buffer: {kv_buffer!r} is longer than {MAX_KV_BUFFER:g}s; decode peers pull the last KV within "
-            "seconds, and a long hold eats the grace period: use 30s or less"
-        )
-    wait = parse_duration(propagation_wait, name="propagation-wait")
-    limit = effective_wait(timeout, grace_period)
-    if wait >= limit:
-        raise ConfigError(
-            f"propagation-wait: {propagation_wait!r} does not fit in the {limit:g}s budget "
-            f"(min(timeout, {GRACE_SHARE:.0%} of the grace period)); shorten it or raise the grace period"
-        )
-    return _Plan(url, names, interval, idle_reads, kv, wait, limit, preset)
 
 
 # --------------------------------------------------------------------------- polling
@@ -539,32 +553,35 @@ async def wait_idle(
     metrics: Sequence[str] = (),
     interval: float = 1.0,
     idle_reads: int = 2,
-    kv_buffer: float = 0.0,
-    propagation_wait: float = 0.0,
+    kv_buffer: float | str = 0.0,
+    propagation_wait: float | str = 0.0,
     timeout: float | None = None,
     grace_period: float | None = None,
+    config: EngineConfig | None = None,
     on_progress: Callable[[EngineProgress], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
 ) -> EngineDrainResult:
     """Wait until an engine's in-flight metrics read zero, within ``min(timeout, 70% of grace_period)``.
 
-    ``engine`` names a preset (``vllm``, ``sglang``, ``tgi``, ``triton``) or is an
-    :class:`EnginePreset`; ``metrics`` and ``metrics_url`` override its metrics and URL.
+    Pass the settings as keywords or as one :class:`EngineConfig` (``config=``), not both.
     Raises :class:`ConfigError` for bad settings. Unlike the ``graceful drain`` command,
     this reads no environment variables.
     """
-    plan = _plan(
-        engine=engine,
-        metrics_url=metrics_url,
-        metrics=metrics,
-        interval=interval,
-        idle_reads=idle_reads,
-        kv_buffer=kv_buffer,
-        propagation_wait=propagation_wait,
-        timeout=timeout,
-        grace_period=grace_period,
-    )
-    return await _poll(plan, on_progress, on_warning or logger.warning)
+    if config is None:
+        config = EngineConfig(
+            engine=engine,
+            metrics_url=metrics_url,
+            metrics=metrics,
+            interval=interval,
+            idle_reads=idle_reads,
+            kv_buffer=kv_buffer,
+            propagation_wait=propagation_wait,
+            timeout=timeout,
+            grace_period=grace_period,
+        )
+    elif engine is not None or metrics_url is not None or metrics:
+        raise ConfigError("wait_idle: pass either config= or the engine settings, not both")
+    return await poll(config, on_progress, on_warning or logger.warning)
 
 
 def _apply_rules(
@@ -582,9 +599,12 @@ def _apply_rules(
     return values
 
 
-async def _poll(
-    plan: _Plan, on_progress: Callable[[EngineProgress], None] | None, warn: Callable[[str], None]
+async def poll(
+    plan: EngineConfig, on_progress: Callable[[EngineProgress], None] | None, warn: Callable[[str], None]
 ) -> EngineDrainResult:
+    url = cast(str, plan.metrics_url)
+    kv_buffer = cast(float, plan.kv_buffer)
+    propagation_wait = cast(float, plan.propagation_wait)
     start = anyio.current_time()
     deadline = start + plan.limit
     rules = plan.rules
@@ -598,14 +618,14 @@ async def _poll(
 
     def finish(outcome: EngineOutcome, held: float = 0.0) -> EngineDrainResult:
         duration = anyio.current_time() - start
-        return EngineDrainResult(outcome, reads, values, duration, plan.limit, plan.url, error, held)
+        return EngineDrainResult(outcome, reads, values, duration, plan.limit, url, error, held)
 
     # trust_env=False: a pod's HTTP(S)_PROXY must not route a loopback scrape elsewhere.
     # verify=False for plain http skips loading the CA bundle, which costs up to a second on a busy node.
-    https = plan.url.lower().startswith("https:")
+    https = url.lower().startswith("https:")
     async with httpx.AsyncClient(trust_env=False, verify=https, headers={"Accept": "text/plain"}) as client:
         # Endpoints need time to drop this pod; requests still arrive until they do.
-        await anyio.sleep(plan.propagation_wait)
+        await anyio.sleep(propagation_wait)
         tick = anyio.current_time()
         while True:
             now = anyio.current_time()
@@ -614,7 +634,7 @@ async def _poll(
             # Keep each read shorter than the interval so a hung engine cannot stretch the schedule.
             limit = min(0.9 * plan.interval, deadline - now)
             fresh_page = rules.fresh_page if rules is not None else None
-            read = await _read_once(client, plan.url, plan.metrics + activity, limit, fresh_page)
+            read = await _read_once(client, url, tuple(plan.metrics) + activity, limit, fresh_page)
             read_at = anyio.current_time()
             reads += 1
             error = read.error
@@ -633,16 +653,16 @@ async def _poll(
                 if fresh and "fresh" not in warned:
                     warned.add("fresh")
                     warn(
-                        f"{plan.url} shows no request counter and no in-flight gauges: the engine has not served "
+                        f"{url} shows no request counter and no in-flight gauges: the engine has not served "
                         "a request since it started, so it counts as idle"
                     )
-                _warn_unknown(values, plan.url, rules, warned, warn)
+                _warn_unknown(values, url, rules, warned, warn)
             if read.error and read.error.startswith("HTTP 4") and read.error not in warned:
                 warned.add(read.error)
-                warn(f"{plan.url} answered {read.error}; check --metrics-url. Polling continues")
+                warn(f"{url} answered {read.error}; check --metrics-url. Polling continues")
             if read.unreadable and "unreadable" not in warned:
                 warned.add("unreadable")
-                warn(f"{plan.url} sent a page that cannot be read ({read.error}); it counts as busy. Polling continues")
+                warn(f"{url} sent a page that cannot be read ({read.error}); it counts as busy. Polling continues")
             zero = judged is not None and still and all(value == 0 for value in judged.values())
             if zero and streak == 0:
                 streak_start = read_at
@@ -657,7 +677,7 @@ async def _poll(
             tick = max(tick + plan.interval, anyio.current_time())
             await anyio.sleep_until(min(tick, deadline))
     # Disaggregated decode peers may still be pulling the last KV from this (prefill) engine.
-    held = max(0.0, min(plan.kv_buffer, deadline - anyio.current_time()))
+    held = max(0.0, min(kv_buffer, deadline - anyio.current_time()))
     await anyio.sleep(held)
     return finish("idle", held)
 
@@ -682,118 +702,3 @@ def _warn_unknown(
         verb = "is" if len(new) == 1 else "are"
         where = f"absent from the page{hint} ({url})" if state == "absent" else f"NaN on {url}"
         warn(f"metric {listed} {verb} {where}; it counts as unknown, so the engine is never reported idle")
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def _say(message: str) -> None:
-    print(f"graceful drain: {message}", file=sys.stderr, flush=True)
-
-
-def _show(value: float | None) -> str:
-    return "?" if value is None else f"{value:g}"
-
-
-def _counts(plan: _Plan, values: Mapping[str, float | None]) -> str:
-    preset = plan.preset
-    if preset is not None and plan.metrics == preset.metrics:
-        parts = []
-        for role, names in (("running", preset.running), ("waiting", preset.waiting)):
-            if names:
-                known = [values.get(name) for name in names]
-                total = None if None in known else sum(v for v in known if v is not None)
-                parts.append(f"{role}={_show(total)}")
-        return " ".join(parts)
-    return " ".join(f"{name}={_show(values.get(name))}" for name in plan.metrics)
-
-
-class _Progress:
-    """Prints at most one progress line a second; reads may come faster."""
-
-    def __init__(self, plan: _Plan) -> None:
-        self.plan = plan
-        self.last: float | None = None
-
-    def __call__(self, progress: EngineProgress) -> None:
-        if self.last is not None and progress.elapsed - self.last < 1.0:
-            return
-        self.last = progress.elapsed
-        state = f"{progress.error} (busy or sick)" if progress.error else _counts(self.plan, progress.values)
-        remaining = max(0.0, progress.limit - progress.elapsed)
-        _say(
-            f"{state}; read {progress.reads}, idle {progress.idle_streak}/{self.plan.idle_reads}, "
-            f"elapsed {progress.elapsed:.1f}s, deadline in {remaining:.1f}s"
-        )
-
-
-def _env_fallbacks(timeout: float | None, grace_period: float | None) -> tuple[float | None, float | None]:
-    # DRAIN_TIMEOUT and GRACE_SECONDS are the names of the hook proposed for kthena (its lossless-upgrade
-    # pull request), read so this drops into pods that set them. kthena's released hooks read neither.
-    if timeout is None:
-        timeout = env_duration("DRAIN_TIMEOUT")
-    for var in ("GRACEFUL_GRACE_PERIOD", "GRACE_SECONDS"):
-        if grace_period is None:
-            grace_period = env_duration(var)
-    return timeout, grace_period
-
-
-def run_engine_drain(
-    *,
-    engine: str | None,
-    metrics_url: str | None,
-    metrics: tuple[str, ...],
-    interval: float,
-    idle_reads: int,
-    kv_buffer: float,
-    propagation_wait: float,
-    timeout: float | None,
-    grace_period: float | None,
-    quiet: bool,
-    json_output: bool,
-) -> int:
-    """``graceful drain --engine``: exit 0 when idle or gone, 1 when the budget ran out, 2 on bad usage."""
-    try:
-        timeout, grace_period = _env_fallbacks(timeout, grace_period)
-        plan = _plan(
-            engine=engine,
-            metrics_url=metrics_url,
-            metrics=metrics,
-            interval=interval,
-            idle_reads=idle_reads,
-            kv_buffer=kv_buffer,
-            propagation_wait=propagation_wait,
-            timeout=timeout,
-            grace_period=grace_period,
-        )
-    except ConfigError as exc:
-        _say(f"error: {exc}")
-        return 2
-    if not quiet:
-        _say(
-            f"waiting for {', '.join(plan.metrics)} to read 0 on {plan.idle_reads} consecutive reads of {plan.url} "
-            f"(every {plan.interval:g}s, budget {plan.limit:g}s, propagation wait {plan.propagation_wait:g}s)"
-        )
-    result = anyio.run(partial(_poll, plan, None if quiet else _Progress(plan), _warn))
-    return _report(plan, result, quiet, json_output)
-
-
-def _warn(text: str) -> None:
-    _say(f"warning: {text}")
-
-
-def _report(plan: _Plan, result: EngineDrainResult, quiet: bool, json_output: bool) -> int:
-    counts = _counts(plan, result.values)
-    if result.result == "gone":
-        _say(
-            f"connection refused on {REFUSED_READS} reads in a row at {plan.url}: the engine is gone, nothing to drain"
-        )
-    elif result.result == "timeout":
-        detail = f"; last read: {result.last_error}" if result.last_error else ""
-        _say(f"budget of {plan.limit:g}s ran out with {counts}{detail}; the engine gets SIGTERM with work in flight")
-    elif not quiet:
-        held = f", then held the KV buffer {result.kv_buffer_held:g}s" if result.kv_buffer_held else ""
-        _say(f"engine idle ({counts}) after {result.reads} reads in {result.duration:.1f}s{held}")
-    if json_output:
-        print(json.dumps(result.as_dict()), flush=True)
-    return result.exit_code

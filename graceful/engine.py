@@ -8,6 +8,7 @@ grace period)``. It is what ``graceful drain --engine`` runs in a preStop hook.
 from ._engine import (
     MAX_KV_BUFFER,
     PRESETS,
+    EngineConfig,
     EngineDrainResult,
     EnginePreset,
     EngineProgress,
@@ -19,6 +20,7 @@ from ._engine import (
 __all__ = [
     "MAX_KV_BUFFER",
     "PRESETS",
+    "EngineConfig",
     "EngineDrainResult",
     "EnginePreset",
     "EngineProgress",

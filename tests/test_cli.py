@@ -207,7 +207,7 @@ def test_metric_alone_means_engine_mode_and_asks_for_the_url() -> None:
 
 
 def test_engine_mode_gets_the_70_percent_rule_not_the_server_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
-    import graceful._engine
+    import graceful._cli_engine
 
     seen: dict[str, object] = {}
 
@@ -215,7 +215,7 @@ def test_engine_mode_gets_the_70_percent_rule_not_the_server_reserve(monkeypatch
         seen.update(options)
         return 0
 
-    monkeypatch.setattr(graceful._engine, "run_engine_drain", fake_engine_drain)
+    monkeypatch.setattr(graceful._cli_engine, "run_engine_drain", fake_engine_drain)
     result = invoke("drain", "--engine", "vllm", "--grace-period", "30", "--timeout", "25s")
     assert result.exit_code == 0, result.output
     assert seen["timeout"] == 25.0 and seen["grace_period"] == 30.0

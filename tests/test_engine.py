@@ -27,8 +27,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from graceful import ConfigError
-from graceful._engine import PageError, run_engine_drain
-from graceful.engine import PRESETS, EngineProgress, effective_wait, read_metrics, wait_idle
+from graceful._cli_engine import run_engine_drain
+from graceful._engine import PageError
+from graceful.engine import PRESETS, EngineConfig, EngineProgress, effective_wait, read_metrics, wait_idle
 from tests.utils import free_port, run_uvicorn
 
 pytestmark = pytest.mark.anyio
@@ -274,6 +275,42 @@ def test_usage_errors_exit_2_with_one_line(
 async def test_wait_idle_raises_config_error() -> None:
     with pytest.raises(ConfigError, match="kv-buffer"):
         await wait_idle("vllm", kv_buffer=60)
+
+
+def test_engine_config_resolves_the_preset_and_text_durations() -> None:
+    config = EngineConfig("sglang", kv_buffer="5s", propagation_wait="2s", grace_period=60)
+    assert config.preset is PRESETS["sglang"] and config.rules is PRESETS["sglang"]
+    assert config.metrics == PRESETS["sglang"].metrics and config.metrics_url == PRESETS["sglang"].url
+    assert (config.kv_buffer, config.propagation_wait, config.limit) == (5.0, 2.0, 42.0)
+    custom = EngineConfig("sglang", metrics=("sglang:num_running_reqs",))
+    assert custom.rules is None, "--metric replaces the preset's metrics, and with them its idle rules"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.interval = 2.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"engine": "vlm"}, "unknown engine 'vlm'"),
+        ({"engine": "vllm", "metrics_url": "ftp://x/metrics"}, "not an http(s) URL"),
+        ({"engine": "vllm", "idle_reads": 0}, "idle-reads: 0"),
+        ({"engine": "vllm", "interval": float("nan")}, "interval: nan"),
+        ({"engine": "vllm", "propagation_wait": "50s"}, "does not fit in the"),
+        ({"metrics_url": "http://127.0.0.1:9/metrics"}, "no metrics to watch"),
+    ],
+)
+def test_engine_config_names_the_wrong_value(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        EngineConfig(**options)
+
+
+async def test_wait_idle_takes_a_config_or_keywords_not_both(serve: Any) -> None:
+    url = await serve(ScriptedEngine(IDLE))
+    config = EngineConfig("vllm", metrics_url=url, interval=EXACT, timeout=5)
+    result = await wait_idle(config=config)
+    assert result.result == "idle" and result.url == url
+    with pytest.raises(ConfigError, match="not both"):
+        await wait_idle("vllm", config=config)
 
 
 # --------------------------------------------------------------------------- against a real server

@@ -40,6 +40,17 @@ def test_public_modules() -> None:
     assert callable(cli.main) and cli.drain_command.name == "drain"
     assert cli.soak_command.name == "soak" and sorted(cli.__all__) == ["cli", "drain_command", "main", "soak_command"]
     assert callable(engine.wait_idle)
+    assert sorted(engine.__all__) == [
+        "EngineConfig",
+        "EngineDrainResult",
+        "EnginePreset",
+        "EngineProgress",
+        "MAX_KV_BUFFER",
+        "PRESETS",
+        "effective_wait",
+        "read_metrics",
+        "wait_idle",
+    ]
 
 
 def test_soak_exports_library_names_only() -> None:
