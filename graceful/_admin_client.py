@@ -1,16 +1,22 @@
-"""The admin client: finds every worker's socket and talks to all of them at once."""
+"""The admin client: finds every worker's socket and talks to all of them at once.
+
+It speaks the little HTTP/1.1 the admin server answers (``_admin_server``) over the
+Unix socket itself, so the preStop hook starts without loading an HTTP library.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import anyio
-import httpx
+import anyio.abc
 
 from ._paths import default_socket_dir
 
@@ -47,9 +53,125 @@ def discover(socket_dir: str | None = None, socket: str | None = None) -> list[s
     return paths
 
 
-def _client(path: str, timeout: float | None = 5.0) -> httpx.AsyncClient:
-    # The host name is only a label: the transport always dials the Unix socket.
-    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), base_url="http://graceful", timeout=timeout)
+# A status line and headers longer than this are not from our server.
+_MAX_HEAD = 16 * 1024
+_MAX_LINE = 1024 * 1024
+
+
+class _Unreachable(Exception):
+    """Nothing accepts connections on the socket."""
+
+
+class _Broken(Exception):
+    """The answer stopped or was not the HTTP/1.1 the admin server sends."""
+
+
+class _Answer:
+    """One response read off the socket: its status, then its body chunk by chunk or line by line."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.status = 0
+        self._stream = stream
+        self._chunked = False
+        self._left: int | None = None
+        self._buffer = b""
+
+    async def _more(self) -> bytes:
+        try:
+            return await self._stream.receive(65536)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            return b""
+
+    async def _fill(self, size: int) -> None:
+        while len(self._buffer) < size:
+            data = await self._more()
+            if not data:
+                raise _Broken("the connection closed mid-answer")
+            self._buffer += data
+
+    async def _until(self, marker: bytes, cap: int) -> bytes:
+        while (end := self._buffer.find(marker)) < 0:
+            if len(self._buffer) > cap:
+                raise _Broken("an answer line is too long")
+            data = await self._more()
+            if not data:
+                raise _Broken("the connection closed mid-answer")
+            self._buffer += data
+        line, self._buffer = self._buffer[:end], self._buffer[end + len(marker) :]
+        return line
+
+    async def read_head(self) -> None:
+        head = await self._until(b"\r\n\r\n", _MAX_HEAD)
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise _Broken(f"not an HTTP answer: {status_line[:60]!r}")
+        headers = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = headers.get("content-length", "")
+        self.status = int(parts[1])
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._left = int(length) if length.isdigit() else None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._chunked:
+            while True:
+                size_line = await self._until(b"\r\n", 64)
+                try:
+                    size = int(size_line.split(b";", 1)[0], 16)
+                except ValueError:
+                    raise _Broken("a bad chunk size") from None
+                if size == 0:
+                    return
+                await self._fill(size + 2)
+                chunk, self._buffer = self._buffer[:size], self._buffer[size + 2 :]
+                yield chunk
+        left = self._left
+        while left is None or left > 0:
+            data, self._buffer = self._buffer or await self._more(), b""
+            if not data:
+                if left is None:
+                    return
+                raise _Broken("the connection closed mid-answer")
+            if left is not None:
+                data = data[:left]
+                left -= len(data)
+            yield data
+
+    async def body(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        pending = b""
+        async for chunk in self.chunks():
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            for line in complete:
+                yield line
+            if len(pending) > _MAX_LINE:
+                raise _Broken("an answer line is too long")
+        if pending:
+            yield pending
+
+
+@asynccontextmanager
+async def _exchange(path: str, method: str, target: str) -> AsyncIterator[_Answer]:
+    """Send one request without a body and read the answer's head; the body is the caller's to read."""
+    try:
+        stream = await anyio.connect_unix(path)
+    except OSError as exc:
+        raise _Unreachable(str(exc)) from None
+    async with stream:
+        request = f"{method} {target} HTTP/1.1\r\nHost: graceful\r\nContent-Length: 0\r\n\r\n"
+        try:
+            await stream.send(request.encode("ascii"))
+        except (anyio.BrokenResourceError, OSError):
+            raise _Broken("the connection closed before the request was sent") from None
+        answer = _Answer(stream)
+        await answer.read_head()
+        yield answer
 
 
 async def request_all(paths: list[str], method: str, url: str) -> dict[str, dict[str, Any] | None]:
@@ -58,10 +180,10 @@ async def request_all(paths: list[str], method: str, url: str) -> dict[str, dict
 
     async def one(path: str) -> None:
         try:
-            async with _client(path) as client:
-                response = await client.request(method, url)
-            answers[path] = response.json()
-        except (httpx.TransportError, ValueError):
+            with anyio.fail_after(5.0):
+                async with _exchange(path, method, url) as answer:
+                    answers[path] = json.loads(await answer.body())
+        except (_Unreachable, _Broken, TimeoutError, ValueError):
             answers[path] = None
 
     async with anyio.create_task_group() as tg:
@@ -116,20 +238,19 @@ async def drain_all(
 
     async def one(worker: WorkerDrain) -> None:
         try:
-            async with _client(worker.path, timeout=None) as client:
-                async with client.stream("POST", "/drain", params=params) as response:
-                    if response.status_code != 200:
-                        body = (await response.aread()).decode(errors="replace").strip()
-                        worker.error = f"HTTP {response.status_code}: {body}"
-                        return
-                    async for line in response.aiter_lines():
-                        if line.strip():
-                            _absorb(worker, json.loads(line))
-        except httpx.ConnectError:
+            async with _exchange(worker.path, "POST", "/drain?" + urlencode(params)) as answer:
+                if answer.status != 200:
+                    body = (await answer.body()).decode(errors="replace").strip()
+                    worker.error = f"HTTP {answer.status}: {body}"
+                    return
+                async for line in answer.lines():
+                    if line.strip():
+                        _absorb(worker, json.loads(line))
+        except _Unreachable:
             worker.reachable = False
             return
-        except (httpx.TransportError, ValueError) as exc:
-            worker.error = f"lost the connection before the drain ended ({type(exc).__name__})"
+        except (_Broken, ValueError) as exc:
+            worker.error = f"lost the connection before the drain ended ({exc})"
             return
         if worker.result is None:
             worker.error = "the server closed the connection before the drain ended"
