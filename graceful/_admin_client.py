@@ -1,22 +1,23 @@
 """The admin client: finds every worker's socket and talks to all of them at once.
 
 It speaks the little HTTP/1.1 the admin server answers (``_admin_server``) over the
-Unix socket itself, so the preStop hook starts without loading an HTTP library.
+Unix socket itself, with blocking sockets and one thread per worker: the preStop hook's
+start-up counts against the grace period, and this keeps it free of asyncio and any
+HTTP library.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket as _socket
 import stat
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
-
-import anyio
-import anyio.abc
 
 from ._paths import default_socket_dir
 
@@ -56,6 +57,8 @@ def discover(socket_dir: str | None = None, socket: str | None = None) -> list[s
 # A status line and headers longer than this are not from our server.
 _MAX_HEAD = 16 * 1024
 _MAX_LINE = 1024 * 1024
+# A small request (status, resume) gets this long, connect to last byte.
+_REQUEST_TIMEOUT = 5.0
 
 
 class _Unreachable(Exception):
@@ -63,45 +66,56 @@ class _Unreachable(Exception):
 
 
 class _Broken(Exception):
-    """The answer stopped or was not the HTTP/1.1 the admin server sends."""
+    """The answer stopped, ran out of time, or was not the HTTP/1.1 the admin server sends."""
 
 
 class _Answer:
-    """One response read off the socket: its status, then its body chunk by chunk or line by line."""
+    """One response read off a blocking socket: its status, then its body chunk by chunk or line by line.
 
-    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+    Every read ends by ``deadline`` (``time.monotonic()``), or never when it is ``None``.
+    """
+
+    def __init__(self, sock: _socket.socket, deadline: float | None) -> None:
         self.status = 0
-        self._stream = stream
+        self._sock = sock
+        self._deadline = deadline
         self._chunked = False
         self._left: int | None = None
         self._buffer = b""
 
-    async def _more(self) -> bytes:
+    def _more(self) -> bytes:
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise _Broken("no answer in time")
+            self._sock.settimeout(left)
         try:
-            return await self._stream.receive(65536)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            return self._sock.recv(65536)
+        except TimeoutError:
+            raise _Broken("no answer in time") from None
+        except OSError:
             return b""
 
-    async def _fill(self, size: int) -> None:
+    def _fill(self, size: int) -> None:
         while len(self._buffer) < size:
-            data = await self._more()
+            data = self._more()
             if not data:
                 raise _Broken("the connection closed mid-answer")
             self._buffer += data
 
-    async def _until(self, marker: bytes, cap: int) -> bytes:
+    def _until(self, marker: bytes, cap: int) -> bytes:
         while (end := self._buffer.find(marker)) < 0:
             if len(self._buffer) > cap:
                 raise _Broken("an answer line is too long")
-            data = await self._more()
+            data = self._more()
             if not data:
                 raise _Broken("the connection closed mid-answer")
             self._buffer += data
         line, self._buffer = self._buffer[:end], self._buffer[end + len(marker) :]
         return line
 
-    async def read_head(self) -> None:
-        head = await self._until(b"\r\n\r\n", _MAX_HEAD)
+    def read_head(self) -> None:
+        head = self._until(b"\r\n\r\n", _MAX_HEAD)
         status_line, *header_lines = head.decode("latin-1").split("\r\n")
         parts = status_line.split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
@@ -115,22 +129,22 @@ class _Answer:
         self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         self._left = int(length) if length.isdigit() else None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> Iterator[bytes]:
         if self._chunked:
             while True:
-                size_line = await self._until(b"\r\n", 64)
+                size_line = self._until(b"\r\n", 64)
                 try:
                     size = int(size_line.split(b";", 1)[0], 16)
                 except ValueError:
                     raise _Broken("a bad chunk size") from None
                 if size == 0:
                     return
-                await self._fill(size + 2)
+                self._fill(size + 2)
                 chunk, self._buffer = self._buffer[:size], self._buffer[size + 2 :]
                 yield chunk
         left = self._left
         while left is None or left > 0:
-            data, self._buffer = self._buffer or await self._more(), b""
+            data, self._buffer = self._buffer or self._more(), b""
             if not data:
                 if left is None:
                     return
@@ -140,56 +154,87 @@ class _Answer:
                 left -= len(data)
             yield data
 
-    async def body(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+    def body(self) -> bytes:
+        return b"".join(self.chunks())
 
-    async def lines(self) -> AsyncIterator[bytes]:
+    def lines(self) -> Iterator[bytes]:
         pending = b""
-        async for chunk in self.chunks():
+        for chunk in self.chunks():
             pending += chunk
             *complete, pending = pending.split(b"\n")
-            for line in complete:
-                yield line
+            yield from complete
             if len(pending) > _MAX_LINE:
                 raise _Broken("an answer line is too long")
         if pending:
             yield pending
 
 
-@asynccontextmanager
-async def _exchange(path: str, method: str, target: str) -> AsyncIterator[_Answer]:
-    """Send one request without a body and read the answer's head; the body is the caller's to read."""
+def _exchange(path: str, method: str, target: str, deadline: float | None, opened: list[_socket.socket]) -> _Answer:
+    """Send one request without a body and read the answer's head; the body is the caller's to read.
+
+    The socket goes into ``opened``: the caller closes it, which also stops a read in another thread.
+    """
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    opened.append(sock)
+    sock.settimeout(None if deadline is None else max(0.001, deadline - time.monotonic()))
     try:
-        stream = await anyio.connect_unix(path)
+        sock.connect(path)
+    except TimeoutError:
+        raise _Broken("no answer in time") from None
     except OSError as exc:
         raise _Unreachable(str(exc)) from None
-    async with stream:
-        request = f"{method} {target} HTTP/1.1\r\nHost: graceful\r\nContent-Length: 0\r\n\r\n"
+    request = f"{method} {target} HTTP/1.1\r\nHost: graceful\r\nContent-Length: 0\r\n\r\n"
+    try:
+        sock.sendall(request.encode("ascii"))
+    except OSError:
+        raise _Broken("the connection closed before the request was sent") from None
+    answer = _Answer(sock, deadline)
+    answer.read_head()
+    return answer
+
+
+def _close(sockets: list[_socket.socket]) -> None:
+    for sock in sockets:
         try:
-            await stream.send(request.encode("ascii"))
-        except (anyio.BrokenResourceError, OSError):
-            raise _Broken("the connection closed before the request was sent") from None
-        answer = _Answer(stream)
-        await answer.read_head()
-        yield answer
+            sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
 
 
-async def request_all(paths: list[str], method: str, url: str) -> dict[str, dict[str, Any] | None]:
-    """Send one small request to every socket; ``None`` for a socket nobody answers on."""
-    answers: dict[str, dict[str, Any] | None] = {}
+def _in_threads(work: Callable[[str], None], paths: list[str], limit: float | None, tick: Callable[[], None]) -> None:
+    """Run ``work(path)`` for every path at once; call ``tick`` about once a second until all end or ``limit``."""
+    threads = [threading.Thread(target=work, args=(path,), daemon=True) for path in paths]
+    for thread in threads:
+        thread.start()
+    end = None if limit is None else time.monotonic() + limit
+    for thread in threads:
+        while thread.is_alive():
+            wait = 1.0 if end is None else min(1.0, end - time.monotonic())
+            if wait <= 0:
+                return
+            thread.join(wait)
+            if thread.is_alive():
+                tick()
 
-    async def one(path: str) -> None:
+
+def request_all(paths: list[str], method: str, url: str) -> dict[str, dict[str, Any] | None]:
+    """Send one small request to every socket; ``None`` for a socket nobody answers on in time."""
+    answers: dict[str, dict[str, Any] | None] = dict.fromkeys(paths)
+    opened: list[_socket.socket] = []
+
+    def one(path: str) -> None:
         try:
-            with anyio.fail_after(5.0):
-                async with _exchange(path, method, url) as answer:
-                    answers[path] = json.loads(await answer.body())
-        except (_Unreachable, _Broken, TimeoutError, ValueError):
+            answer = _exchange(path, method, url, time.monotonic() + _REQUEST_TIMEOUT, opened)
+            answers[path] = json.loads(answer.body())
+        except (_Unreachable, _Broken, ValueError):
             answers[path] = None
 
-    async with anyio.create_task_group() as tg:
-        for path in paths:
-            tg.start_soon(one, path)
-    return {path: answers[path] for path in paths}
+    try:
+        _in_threads(one, paths, _REQUEST_TIMEOUT + 1.0, lambda: None)
+    finally:
+        _close(opened)
+    return dict(answers)
 
 
 @dataclass
@@ -216,7 +261,7 @@ class WorkerDrain:
         return {"socket": self.path, "pid": self.pid, "result": self.result, "error": self.error}
 
 
-async def drain_all(
+def drain_all(
     paths: list[str],
     *,
     propagation_wait: float | None = None,
@@ -225,7 +270,11 @@ async def drain_all(
     propagation_quiet: float | None = None,
     on_tick: Callable[[list[WorkerDrain]], None] | None = None,
 ) -> list[WorkerDrain]:
-    """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs."""
+    """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs.
+
+    Blocks until every worker has sent its final line, or until the drain's own limit plus a
+    margin has passed (never, without a ``timeout``).
+    """
     params: dict[str, str] = {"reason": reason}
     if propagation_wait is not None:
         params["propagation_wait"] = f"{propagation_wait}s"
@@ -233,46 +282,47 @@ async def drain_all(
         params["propagation_quiet"] = f"{propagation_quiet}s"
     if timeout is not None:
         params["timeout"] = f"{timeout}s"
-    workers = [WorkerDrain(path) for path in paths]
+    workers = {path: WorkerDrain(path) for path in paths}
     limit = None if timeout is None else max(timeout, propagation_wait or 0.0) + _CLIENT_SLACK
+    opened: list[_socket.socket] = []
 
-    async def one(worker: WorkerDrain) -> None:
+    def one(path: str) -> None:
+        worker = workers[path]
         try:
-            async with _exchange(worker.path, "POST", "/drain?" + urlencode(params)) as answer:
-                if answer.status != 200:
-                    body = (await answer.body()).decode(errors="replace").strip()
-                    worker.error = f"HTTP {answer.status}: {body}"
-                    return
-                async for line in answer.lines():
-                    if line.strip():
-                        _absorb(worker, json.loads(line))
+            answer = _exchange(path, "POST", "/drain?" + urlencode(params), None, opened)
+            if answer.status != 200:
+                body = answer.body().decode(errors="replace").strip()
+                worker.error = f"HTTP {answer.status}: {body}"
+                return
+            for line in answer.lines():
+                if line.strip():
+                    _absorb(worker, json.loads(line))
         except _Unreachable:
             worker.reachable = False
             return
         except (_Broken, ValueError) as exc:
-            worker.error = f"lost the connection before the drain ended ({exc})"
+            if not given_up.is_set():  # else the socket was closed under it: the limit passed
+                worker.error = f"lost the connection before the drain ended ({exc})"
             return
-        if worker.result is None:
+        if worker.result is None and not given_up.is_set():
             worker.error = "the server closed the connection before the drain ended"
 
-    async def ticker() -> None:
-        while on_tick is not None:
-            await anyio.sleep(1.0)
-            on_tick(workers)
+    def tick() -> None:
+        if on_tick is not None:
+            on_tick(list(workers.values()))
 
-    with anyio.move_on_after(limit if limit is not None else float("inf")):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ticker)
-            async with anyio.create_task_group() as drains:
-                for worker in workers:
-                    drains.start_soon(one, worker)
-            tg.cancel_scope.cancel()
-    for worker in workers:
-        if not worker.done:
-            worker.error = "no final answer in time"
-    if not any(worker.reachable for worker in workers):
+    given_up = threading.Event()
+    try:
+        _in_threads(one, paths, limit, tick)
+    finally:
+        given_up.set()
+        for worker in workers.values():
+            if not worker.done:
+                worker.error = "no final answer in time"
+        _close(opened)
+    if not any(worker.reachable for worker in workers.values()):
         raise NoServer("no graceful server found: nothing is listening on " + ", ".join(paths))
-    return workers
+    return list(workers.values())
 
 
 def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:

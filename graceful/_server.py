@@ -217,7 +217,7 @@ class _Supervisor(Multiprocess):
 
         paths = [socket_path(self.socket_dir, process.pid) for process in self.processes if process.pid]
         try:
-            workers = anyio.run(lambda: drain_all(paths, reason=reason))
+            workers = drain_all(paths, reason=reason)
             for worker in workers:
                 outcome = worker.result.get("result") if worker.result else worker.error
                 logger.info("worker %s: %s", worker.pid or worker.path, outcome)

@@ -10,13 +10,17 @@ import json
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import pytest
 
-from graceful._admin_client import NoServer, drain_all, request_all
+from graceful._admin_client import NoServer
+from graceful._admin_client import drain_all as drain_all_sync
+from graceful._admin_client import request_all as request_all_sync
 
 pytestmark = pytest.mark.anyio
 
@@ -50,6 +54,15 @@ async def scripted() -> AsyncIterator[Callable[[Script], Any]]:
         with anyio.fail_after(30):
             yield start
         tg.cancel_scope.cancel()
+
+
+async def drain_all(paths: list[str], **options: Any) -> Any:
+    """The client blocks; the scripted servers run on this loop, so the client gets a thread."""
+    return await anyio.to_thread.run_sync(partial(drain_all_sync, paths, **options))
+
+
+async def request_all(paths: list[str], method: str, url: str) -> Any:
+    return await anyio.to_thread.run_sync(request_all_sync, paths, method, url)
 
 
 def chunked(*parts: bytes) -> bytes:

@@ -3,6 +3,7 @@ clients that vanish, and workers that answer the client badly."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -12,21 +13,29 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
+import anyio.to_thread
 import httpx
 import pytest
 
 import graceful._admin_client
 import graceful._admin_server
 from graceful import ConfigError, Drain, State
-from graceful._admin_client import NoServer, drain_all
+from graceful._admin_client import NoServer
+from graceful._admin_client import drain_all as drain_all_sync
 from graceful._admin_server import AdminServer, prepare_socket_dir, remove_stale
 from tests.apps_more_workers import FakeWorker, chunk, ndjson, ndjson_head, status_line
 
 pytestmark = pytest.mark.anyio
 
 ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+async def drain_all(paths: list[str], **options: Any) -> Any:
+    """The admin client blocks; it gets a thread so that servers on this loop keep running."""
+    return await anyio.to_thread.run_sync(functools.partial(drain_all_sync, paths, **options))
 
 
 def bound(path: str, *, listen: bool = False) -> socket.socket:

@@ -10,7 +10,7 @@ import pytest
 
 # What the hook may load from this package, and what it must never load (checked in a fresh interpreter).
 ALLOWED = {"graceful", "graceful._admin_client", "graceful._budget", "graceful._cli", "graceful._paths"}
-FORBIDDEN = ("h11", "httpx", "httpcore", "prometheus_client", "uvicorn", "graceful._state", "graceful._soak")
+FORBIDDEN = ("asyncio", "anyio", "h11", "httpx", "prometheus_client", "uvicorn", "graceful._state", "graceful._soak")
 
 PROBE = """
 import json, sys
