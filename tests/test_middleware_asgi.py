@@ -33,7 +33,7 @@ def client(app: Any) -> httpx.AsyncClient:
 
 
 async def test_request_response_and_refusal(registry: CollectorRegistry) -> None:
-    mw = GracefulMiddleware(starlette_app(), registry=registry, admin=False)
+    mw = GracefulMiddleware(starlette_app(), registry=registry, admin=False, request_id_header="x-request-id")
     mw.drain.mark_serving()
     async with client(mw) as c:
         ok = await c.post("/v1/echo", content=b"hello")
