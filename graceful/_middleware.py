@@ -65,7 +65,10 @@ class GracefulMiddleware:
     ) -> None:
         unknown = set(drain_options) - DRAIN_OPTIONS
         if unknown:
-            raise TypeError(f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; see the README for options")
+            raise TypeError(
+                f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; "
+                "see the option tables in docs/middleware.md"
+            )
         if drain is None:
             drain = Drain(**drain_options)
         elif drain_options:
