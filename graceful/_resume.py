@@ -336,7 +336,9 @@ class ResumingTransport(httpx.BaseTransport):
         splice = Splice(*found, self.max_resumes)
         extensions = {**response.extensions, "graceful_resumes": 0}
         stream = _SyncStream(self.transport, request, response, splice, extensions)
-        return httpx.Response(200, headers=response.headers, stream=stream, extensions=extensions)
+        spliced = httpx.Response(200, headers=response.headers, stream=stream, extensions=extensions)
+        stream.extensions = spliced.extensions  # httpx copies the dict: count on the caller's copy
+        return spliced
 
     def close(self) -> None:
         self.transport.close()
@@ -431,7 +433,9 @@ class AsyncResumingTransport(httpx.AsyncBaseTransport):
         splice = Splice(*found, self.max_resumes)
         extensions = {**response.extensions, "graceful_resumes": 0}
         stream = _AsyncStream(self.transport, request, response, splice, extensions)
-        return httpx.Response(200, headers=response.headers, stream=stream, extensions=extensions)
+        spliced = httpx.Response(200, headers=response.headers, stream=stream, extensions=extensions)
+        stream.extensions = spliced.extensions  # httpx copies the dict: count on the caller's copy
+        return spliced
 
     async def aclose(self) -> None:
         await self.transport.aclose()
