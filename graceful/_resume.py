@@ -33,6 +33,8 @@ Kind = Literal["chat", "completion"]
 RETRY_ATTEMPTS = 16
 RETRY_WINDOW = 5.0
 _RETRY_STATUS = frozenset({502, 503, 504})
+# Failures before a continuation's response: refused, reset or closed by the balancer (a dead endpoint).
+_RETRY_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
 _DONE = b"data: [DONE]\n\n"
 _EVENT_END = (b"\r\n\r\n", b"\n\n", b"\r\r")
 
@@ -396,7 +398,7 @@ class _SyncStream(httpx.SyncByteStream):
         for attempt in range(RETRY_ATTEMPTS):
             try:
                 response = self.transport.handle_request(_next_request(self.request, body))
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
+            except _RETRY_ERRORS as exc:
                 failure = repr(exc)
             else:
                 if response.status_code == 200 and _is_sse(response):
@@ -495,7 +497,7 @@ class _AsyncStream(httpx.AsyncByteStream):
         for attempt in range(RETRY_ATTEMPTS):
             try:
                 response = await self.transport.handle_async_request(_next_request(self.request, body))
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
+            except _RETRY_ERRORS as exc:
                 failure = repr(exc)
             else:
                 if response.status_code == 200 and _is_sse(response):
