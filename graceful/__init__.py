@@ -14,12 +14,14 @@ if TYPE_CHECKING:
     from ._frames import default_final_frame
     from ._ledger import NotAccepting
     from ._middleware import GracefulMiddleware
+    from ._resume import AsyncResumingTransport, ResumingTransport
     from ._state import Drain
     from ._status import DrainResult, DrainStatus, State
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncResumingTransport",
     "Budget",
     "ConfigError",
     "Drain",
@@ -27,6 +29,7 @@ __all__ = [
     "DrainStatus",
     "GracefulMiddleware",
     "NotAccepting",
+    "ResumingTransport",
     "State",
     "default_final_frame",
     "parse_duration",
@@ -38,6 +41,8 @@ _HOMES = {
     "parse_duration": "._budget",
     "default_final_frame": "._frames",
     "GracefulMiddleware": "._middleware",
+    "ResumingTransport": "._resume",
+    "AsyncResumingTransport": "._resume",
     "Drain": "._state",
     "DrainResult": "._status",
     "DrainStatus": "._status",

@@ -244,6 +244,7 @@ class WorkerDrain:
     path: str
     pid: int | None = None
     in_flight: int = 0
+    handed_off: int = 0
     deadline: float | None = None
     since_last_request: float | None = None
     progressed: bool = False
@@ -333,6 +334,7 @@ def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
         worker.in_flight = int(line.get("in_flight") or 0)
     elif event == "progress":
         worker.in_flight = int(line.get("in_flight") or 0)
+        worker.handed_off = int(line.get("handed_off") or 0)
         worker.progressed = True
         worker.propagation_over = bool(line.get("propagation_over"))
         since = line.get("since_last_request")
@@ -340,5 +342,6 @@ def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
     elif event == "result":
         worker.pid = line.get("pid", worker.pid)
         worker.in_flight = int(line.get("in_flight") or 0)
+        worker.handed_off = int(line.get("handed_off") or 0)
         worker.deadline = line.get("deadline", worker.deadline)
         worker.result = line

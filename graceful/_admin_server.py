@@ -341,6 +341,7 @@ def _progress(drain: Drain) -> dict[str, object]:
         "event": "progress",
         "state": status.state.value,
         "in_flight": status.in_flight,
+        "handed_off": drain.handed_off(),
         "elapsed": round(now - started, 3),
         "deadline_in": round(deadline - now, 3),
         "since_last_request": None if last is None else round(max(0.0, now - last), 3),

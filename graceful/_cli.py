@@ -193,6 +193,9 @@ def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
     in_flight = sum(w.in_flight for w in running)
     deadlines = [w.deadline for w in running if w.deadline]
     line = f"draining {len(live)} worker{'s' if len(live) != 1 else ''}: {in_flight} in flight, {elapsed:.1f} s elapsed"
+    handed = sum(w.handed_off for w in live)
+    if handed:
+        line += f", {handed} stream{'s' if handed != 1 else ''} handed off"
     if deadlines:
         line += f", deadline in {max(0.0, max(deadlines) - time.time()):.0f} s"
     # During the propagation phase: how long since traffic last arrived (the quiet rule's clock).
@@ -223,7 +226,9 @@ def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
         if result is None:
             lines.append(f"{name}: {worker.error}")
         elif result.get("result") == "drained":
-            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s{_propagation_note(result)}")
+            handed = result.get("handed_off") or 0
+            note = f"; {handed} stream{'s' if handed != 1 else ''} handed off" if handed else ""
+            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s{_propagation_note(result)}{note}")
         else:
             ended = result.get("truncated", 0)
             lines.append(
@@ -306,6 +311,12 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
     default=True,
     show_default=True,
     help="Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start).",
+)
+@click.option(
+    "--handoff-streams/--no-handoff-streams",
+    default=None,
+    help="After the propagation wait, end resumable SSE streams for their clients to continue elsewhere "
+    "[env GRACEFUL_HANDOFF_STREAMS; off].",
 )
 @click.option(
     "--timeout-keep-alive",

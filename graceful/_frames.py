@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-__all__ = ["FinalFrame", "default_final_frame", "shutdown_error"]
+__all__ = ["FinalFrame", "default_final_frame", "resumable_final_frame", "shutdown_error"]
 
 # Given the response's content type, return the bytes to send before ending the
 # stream, or None to end it without a frame (the request is then only cancelled).
@@ -14,14 +14,19 @@ FinalFrame = Callable[[bytes], "bytes | None"]
 
 def shutdown_error(
     message: str = "The server is shutting down; retry the request with the same idempotency key.",
+    *,
+    resumable: bool = False,
 ) -> bytes:
-    return json.dumps(
-        {"error": {"type": "server_shutdown", "message": message, "retryable": True, "code": 503}},
-        separators=(",", ":"),
-    ).encode()
+    error: dict[str, object] = {"type": "server_shutdown", "message": message, "retryable": True, "code": 503}
+    if resumable:
+        error["resumable"] = True
+    return json.dumps({"error": error}, separators=(",", ":")).encode()
 
 
 _ERROR = shutdown_error()
+_RESUMABLE = shutdown_error(
+    "The server is shutting down; continue the stream on another replica (docs/resume.md).", resumable=True
+)
 
 
 def default_final_frame(content_type: bytes) -> bytes | None:
@@ -32,3 +37,10 @@ def default_final_frame(content_type: bytes) -> bytes | None:
     if media in (b"application/x-ndjson", b"application/jsonl", b"application/jsonlines"):
         return _ERROR + b"\n"
     return None
+
+
+def resumable_final_frame(content_type: bytes) -> bytes | None:
+    """The final SSE event for a request that carried ``x-graceful-resumable: 1``: ``"resumable": true``."""
+    if content_type.split(b";", 1)[0].strip().lower() == b"text/event-stream":
+        return b"data: " + _RESUMABLE + b"\n\n"
+    return default_final_frame(content_type)

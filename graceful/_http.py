@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 
 from ._config import Config
-from ._frames import shutdown_error
-from ._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, Tracked
+from ._frames import FinalFrame, default_final_frame, resumable_final_frame, shutdown_error
+from ._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, Tracked
 from ._state import Drain
 from ._status import SERVING, State
 from ._types import Message, Receive, Scope, Send
@@ -21,6 +21,8 @@ __all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
 
 # Marks a 503 whose request never reached the app, so a gateway knows a retry is safe.
 NOT_STARTED_HEADER = b"x-graceful-not-started"
+# A client that can continue a cut stream elsewhere says so (docs/resume.md).
+RESUMABLE_HEADER = b"x-graceful-resumable"
 _HTTP1 = frozenset({"1.0", "1.1"})
 # Before a refusal, read and drop this much of the request body at most, for this long
 # at most (a slow client must not hold a draining server). See _drop_body. Prompts of
@@ -185,11 +187,20 @@ class Call(Tracked):
             headers = list(message.get("headers", ()))
             if config.request_id_header is not None:
                 headers.append((config.request_id_header, request_id(config, self.scope)))
-            if self.ledger.state is not SERVING and self.scope.get("http_version", "1.1") in _HTTP1:
-                # Keep-alive clients and balancers must stop reusing this connection.
-                headers.append((b"connection", b"close"))
+            if self.ledger.state is not SERVING:
+                if self.scope.get("http_version", "1.1") in _HTTP1:
+                    # Keep-alive clients and balancers must stop reusing this connection.
+                    headers.append((b"connection", b"close"))
+                if self.ledger.handing_off:
+                    self.headers = message["headers"] = headers
+                    return self._start_then_hand_off(message)
             self.headers = message["headers"] = headers
         return self._send(message)
+
+    async def _start_then_hand_off(self, message: Message) -> None:
+        """A response that starts once the handoff has begun: a resumable stream is handed off at once."""
+        await self._send(message)
+        await self.hand_off()
 
     async def _send_last(self, message: Message) -> None:
         """The body message that ends the response: the count ends once the server has it."""
@@ -207,8 +218,31 @@ class Call(Tracked):
     def label(self) -> str:
         return f"{self.scope.get('method', 'GET')} {self.scope['path']}"
 
+    def resumable(self) -> bool:
+        """Whether the request carried ``x-graceful-resumable: 1`` (read only when a stream is ended)."""
+        return any(name == RESUMABLE_HEADER and value.strip() == b"1" for name, value in self.scope["headers"])
+
+    def _final_frame(self) -> FinalFrame:
+        frame = self.config.final_frame
+        if frame is default_final_frame and self.resumable():
+            return resumable_final_frame
+        return frame
+
+    async def hand_off(self) -> bool:
+        """End a resumable SSE stream now with the final event, for its client to continue elsewhere."""
+        if not self.open or self.headers is _NO_HEADERS or not self.resumable():
+            return False
+        media = self.content_type().split(b";", 1)[0].strip().lower()
+        if media != b"text/event-stream":
+            return False
+        await self._end(HANDED_OFF)
+        return True
+
     async def cut(self) -> None:
         """End this request at the drain deadline: a final retryable frame if we can, then cancel."""
+        await self._end(CANCELLED)
+
+    async def _end(self, outcome: int) -> None:
         send = self._send
         self._send = _drop
         try:
@@ -216,13 +250,13 @@ class Call(Tracked):
                 close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in _HTTP1 else []
                 await json_response(send, 503, shutdown_error(), close)
             else:
-                frame = self.config.final_frame(self.content_type())
+                frame = self._final_frame()(self.content_type())
                 if frame is not None:
                     await send({"type": "http.response.body", "body": frame, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:  # the client may be gone already; the cancel below still applies
             pass
-        self.finish(CANCELLED)
+        self.finish(outcome)
         if self.task is not None:
             self.task.cancel()
         elif self.cancel_scope is not None:

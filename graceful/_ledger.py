@@ -16,10 +16,20 @@ import anyio
 
 from ._status import OUTCOMES, State
 
-__all__ = ["CANCELLED", "CLIENT_DISCONNECTED", "COMPLETED", "ERROR", "OUTCOMES", "Ledger", "NotAccepting", "Tracked"]
+__all__ = [
+    "CANCELLED",
+    "CLIENT_DISCONNECTED",
+    "COMPLETED",
+    "ERROR",
+    "HANDED_OFF",
+    "OUTCOMES",
+    "Ledger",
+    "NotAccepting",
+    "Tracked",
+]
 
 # Request outcomes, as indexes into Tally.outcomes (named in OUTCOMES) so the hot path does no dict lookups.
-COMPLETED, CLIENT_DISCONNECTED, ERROR, CANCELLED = range(4)
+COMPLETED, CLIENT_DISCONNECTED, ERROR, CANCELLED, HANDED_OFF = range(5)
 
 
 class NotAccepting(RuntimeError):
@@ -70,6 +80,10 @@ class Tracked:
     async def cut(self) -> None:
         """Stop the work: the subclass's way of ending it early."""
         raise NotImplementedError
+
+    async def hand_off(self) -> bool:
+        """End this work early for its client to continue elsewhere; False if it cannot be."""
+        return False
 
 
 class Job(Tracked):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,14 @@ class DrainConfig:
             "keep admitting until the propagation wait ends; False refuses from the drain's first instant (see below)",
         ),
     )
+    handoff_streams: bool = field(
+        default=False,
+        metadata=_doc(
+            "env `GRACEFUL_HANDOFF_STREAMS`, else False",
+            "once the propagation wait has passed, end resumable SSE streams at once with the final event, "
+            "for the client to continue elsewhere (see [Resumable streams](resume.md))",
+        ),
+    )
     on_drain_start: Hook | None = field(
         default=None,
         metadata=_doc("none", "async hooks (deregister, flush audit data); cut off when they overrun"),
@@ -93,6 +102,11 @@ class DrainConfig:
         admit = options.get("admit_during_propagation", True)
         if not isinstance(admit, bool):
             raise ConfigError(f"admit_during_propagation: expected True or False, got {admit!r}")
+        handoff = options.get("handoff_streams")
+        if handoff is None:
+            handoff = _env_flag("GRACEFUL_HANDOFF_STREAMS")
+        if not isinstance(handoff, bool):
+            raise ConfigError(f"handoff_streams: expected True or False, got {handoff!r}")
         config = cls(
             grace_period=budget.grace_period,
             reserve=budget.reserve,
@@ -100,6 +114,7 @@ class DrainConfig:
             propagation_wait=budget.propagation_wait,
             propagation_quiet=budget.propagation_quiet,
             admit_during_propagation=admit,
+            handoff_streams=handoff,
             on_drain_start=options.get("on_drain_start"),
             on_drained=options.get("on_drained"),
             hook_timeout=parse_duration(options.get("hook_timeout", 5.0), name="hook_timeout"),
@@ -135,6 +150,15 @@ class DrainConfig:
         if timeout is not None:
             limit = min(limit, parse_duration(timeout, name="timeout"))
         return wait, quiet, limit
+
+
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"environment variable {name}: {raw!r} is not a boolean; use 1 or 0")
 
 
 # The option names, in the order of the table.

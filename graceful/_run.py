@@ -18,7 +18,7 @@ from typing import Protocol
 
 import anyio
 
-from ._ledger import Tracked
+from ._ledger import HANDED_OFF, Tracked
 from ._options import DrainConfig, Hook
 from ._status import DrainOutcome, DrainResult, Tally
 
@@ -32,6 +32,7 @@ class Machine(Protocol):
 
     config: DrainConfig
     tally: Tally
+    handing_off: bool
 
     @property
     def in_flight(self) -> int: ...
@@ -62,6 +63,7 @@ class DrainRun:
         self.done: anyio.Event | None = None
         self.result: DrainResult | None = None
         self.waker: anyio.Event | None = None
+        self.handed_before = machine.tally.outcomes[HANDED_OFF]
 
     def follow(self) -> DrainRun:
         """A run for work admitted after this one drained, within the same deadline.
@@ -75,6 +77,9 @@ class DrainRun:
         return run
 
     # -- read by the drain -----------------------------------------------------------
+
+    def handed_off(self) -> int:
+        return self.machine.tally.outcomes[HANDED_OFF] - self.handed_before
 
     def wall(self, mono: float) -> float:
         return mono + self.started_wall - self.started
@@ -179,6 +184,10 @@ class DrainRun:
                     break
                 now = time.monotonic()
                 prop_end = self.propagation_end(now)
+                if now >= prop_end and config.handoff_streams and not machine.handing_off and now < deadline:
+                    machine.handing_off = True
+                    await self._hand_off_all()
+                    continue
                 if machine.in_flight == 0 and now >= prop_end:
                     outcome = "drained"
                     break
@@ -209,6 +218,7 @@ class DrainRun:
             deadline=self.wall(deadline),
             truncated=truncated,
             leftover=leftover,
+            handed_off=self.handed_off(),
             propagation=self.prop_end - start if self.prop_over else None,
             last_request=self.last_arrival - start if self.last_arrival >= start else None,
         )
@@ -219,6 +229,26 @@ class DrainRun:
             await _call_hook(config.on_drained, "on_drained", min(config.hook_timeout, room))
         done.set()
         machine.notify()
+
+    async def _hand_off_all(self) -> None:
+        """End every resumable stream in flight now (handoff_streams), each bounded by unwind_timeout."""
+        items = list(self.machine.items())
+        handed = 0
+
+        async def one(item: Tracked) -> None:
+            nonlocal handed
+            if await item.hand_off():
+                handed += 1
+
+        with anyio.move_on_after(self.machine.config.unwind_timeout):
+            async with anyio.create_task_group() as tg:
+                for item in items:
+                    tg.start_soon(one, item)
+        logger.info(
+            "handed off %d resumable stream(s) of %d in flight for their clients to continue elsewhere",
+            handed,
+            len(items),
+        )
 
     async def _expire_all(self) -> int:
         machine = self.machine
@@ -236,15 +266,17 @@ class DrainRun:
 
     def _log_summary(self, result: DrainResult) -> None:
         counters = self.machine.tally.as_dict()
+        requests = counters["requests"]
         logger.info(
-            "drain %s: reason=%s duration=%.3fs in_flight_left=%d truncated=%d completed=%d "
+            "drain %s: reason=%s duration=%.3fs in_flight_left=%d truncated=%d handed_off=%d completed=%d "
             "client_disconnected=%d errors=%d cancelled=%d rejected=%d",
             result.result,
             result.reason,
             result.duration,
             result.in_flight,
             result.truncated,
-            *counters["requests"].values(),
+            result.handed_off,
+            *(requests[name] for name in ("completed", "client_disconnected", "error", "cancelled")),
             sum(counters["rejected"].values()),
         )
 

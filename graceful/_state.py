@@ -58,6 +58,9 @@ class Drain:
         self.propagation_durations = tally.propagation_durations
         self._run: DrainRun | None = None  # the current (or last) drain run
         self._listeners: list[Callable[[], None]] = []
+        # Set by a drain run once its propagation phase is over with handoff_streams on:
+        # resumable streams are then ended for their clients to continue elsewhere.
+        self.handing_off = False
 
     # -- reading ---------------------------------------------------------------------
 
@@ -101,6 +104,10 @@ class Drain:
         shown = run is not None and (self.state is DRAINING or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
         return DrainStatus(self.state, len(self._work), os.getpid(), self.since, counters=self.counters(), **times)
+
+    def handed_off(self) -> int:
+        """Streams the current (or last) drain has handed off so far."""
+        return 0 if self._run is None else self._run.handed_off()
 
     def counters(self) -> dict[str, dict[str, int]]:
         return self.tally.as_dict()
@@ -152,6 +159,7 @@ class Drain:
         if self.state is not DRAINING:
             return False
         self.pinned.clear()
+        self.handing_off = False
         if self._run is not None:
             self._run.end("resumed")
         self._transition(SERVING, "resume")

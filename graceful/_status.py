@@ -10,7 +10,8 @@ __all__ = ["OUTCOMES", "DrainOutcome", "DrainResult", "DrainStatus", "State", "T
 
 DrainOutcome = Literal["drained", "timeout", "resumed", "stopped"]
 # Request outcomes: Tally.outcomes is indexed by the constants of the same order in _ledger.
-OUTCOMES = ("completed", "client_disconnected", "error", "cancelled")
+# handed_off: a resumable stream ended early on purpose for its client to continue it elsewhere.
+OUTCOMES = ("completed", "client_disconnected", "error", "cancelled", "handed_off")
 
 
 class State(str, enum.Enum):
@@ -36,6 +37,7 @@ class DrainResult:
     deadline: float
     truncated: int = 0
     leftover: tuple[str, ...] = ()
+    handed_off: int = 0  # resumable streams ended for their clients to continue elsewhere
     # Seconds from drain start: when the propagation phase ended (None if it had not), and
     # when its last new request arrived (None if none did).
     propagation: float | None = None
@@ -55,6 +57,7 @@ class DrainResult:
             "started_at": self.started_at,
             "deadline": self.deadline,
             "truncated": self.truncated,
+            "handed_off": self.handed_off,
             "leftover": list(self.leftover),
             "propagation": None if self.propagation is None else round(self.propagation, 6),
             "last_request": None if self.last_request is None else round(self.last_request, 6),

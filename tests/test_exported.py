@@ -12,6 +12,7 @@ import graceful
 
 def test_exported_members() -> None:
     assert sorted(graceful.__all__) == [
+        "AsyncResumingTransport",
         "Budget",
         "ConfigError",
         "Drain",
@@ -19,6 +20,7 @@ def test_exported_members() -> None:
         "DrainStatus",
         "GracefulMiddleware",
         "NotAccepting",
+        "ResumingTransport",
         "State",
         "default_final_frame",
         "parse_duration",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graceful import Drain
-from graceful._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, OUTCOMES, Tracked
+from graceful._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, OUTCOMES, Tracked
 
 pytestmark = pytest.mark.anyio
 
@@ -26,11 +26,12 @@ class Item(Tracked):
 
 
 def test_outcome_indexes_name_the_counters() -> None:
-    assert [OUTCOMES[i] for i in (COMPLETED, CLIENT_DISCONNECTED, ERROR, CANCELLED)] == [
+    assert [OUTCOMES[i] for i in (COMPLETED, CLIENT_DISCONNECTED, ERROR, CANCELLED, HANDED_OFF)] == [
         "completed",
         "client_disconnected",
         "error",
         "cancelled",
+        "handed_off",
     ]
 
 
@@ -42,7 +43,13 @@ def test_in_flight_is_the_ledger_and_an_item_finishes_once() -> None:
     first.finish(COMPLETED)
     first.finish(ERROR)  # a second finish changes nothing
     assert drain.in_flight == 1 and drain.items() == (second,)
-    assert drain.counters()["requests"] == {"completed": 1, "client_disconnected": 0, "error": 0, "cancelled": 0}
+    assert drain.counters()["requests"] == {
+        "completed": 1,
+        "client_disconnected": 0,
+        "error": 0,
+        "cancelled": 0,
+        "handed_off": 0,
+    }
     assert second.describe().startswith("item (")
 
 

@@ -128,7 +128,7 @@ async def test_client_disconnect_is_its_own_outcome_and_counted_once() -> None:
     mw = make(app)
     await mw(http_scope(), disconnect, Recorder(mw.drain))
     counters = mw.drain.counters()["requests"]
-    assert counters == {"completed": 0, "client_disconnected": 1, "error": 0, "cancelled": 0}
+    assert counters == {"completed": 0, "client_disconnected": 1, "error": 0, "cancelled": 0, "handed_off": 0}
     assert mw.drain.in_flight == 0
 
 

@@ -21,7 +21,7 @@ from graceful import GracefulMiddleware
 from ._config import Config, drain_options_from_env, served_by
 from ._engine import Engine, EngineCollector, QueueFull, Ticket, selftest_loop
 from ._idempotency import IdempotencyStore, Stored
-from ._openai import DONE, Invalid, Job, Kind, chunk, error_body, full_body, parse
+from ._openai import DONE, Invalid, Job, Kind, chunk, error_body, full_body, parse, usage_chunk
 
 __all__ = ["EXECUTIONS_PATH", "ExampleServer", "create_app"]
 
@@ -209,6 +209,10 @@ class _Stream(Response):
                         data = chunk(self.job, handlers.config.model, index)
                         chunks.append(data)
                         await send({"type": "http.response.body", "body": data, "more_body": True})
+                if self.job.include_usage:
+                    data = usage_chunk(self.job, handlers.config.model)
+                    chunks.append(data)
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
                 chunks.append(DONE)
                 await send({"type": "http.response.body", "body": DONE, "more_body": False})
                 done = True

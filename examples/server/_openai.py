@@ -1,18 +1,37 @@
 """OpenAI request validation and response shapes for completions and chat completions.
 
 The generated text is deterministic (``tok0 tok1 ...``) so a client can count the
-tokens it received against the ``max_tokens`` it asked for.
+tokens it received against the ``max_tokens`` it asked for. The "model" continues a
+count: when the text it is given ends with ``tok0 tok1 ... tokK`` (a completions
+prompt, or the final assistant message of a chat request with
+``continue_final_message``), it goes on with `` tokK+1``. A continued stream therefore
+holds exactly the tokens an uncut stream would have produced from there on.
+
+The "tokenizer" splits text at whitespace and splits every ``tokN`` off as a token of
+its own, so a prompt with generated text appended counts exactly those tokens more.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["DONE", "Invalid", "Job", "chunk", "error_body", "full_body", "parse", "token_text"]
+__all__ = [
+    "DONE",
+    "Invalid",
+    "Job",
+    "chunk",
+    "count_tokens",
+    "error_body",
+    "full_body",
+    "parse",
+    "token_text",
+    "usage_chunk",
+]
 
 Kind = Literal["completion", "chat"]
 
@@ -36,6 +55,8 @@ class Job:
     stream: bool
     id: str
     created: int
+    start: int = 0  # the index of the first token: how far the given text has counted already
+    include_usage: bool = False  # stream_options.include_usage: a final usage chunk before [DONE]
 
 
 def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int) -> Job:
@@ -48,22 +69,91 @@ def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int) -
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise Invalid("'model' is required and must be a non-empty string.", "model")
+    start = 0
     if kind == "completion":
-        prompt_tokens = _prompt_tokens(body.get("prompt", _MISSING))
+        prompt = body.get("prompt", _MISSING)
+        prompt_tokens = _prompt_tokens(prompt)
+        start = _counted(prompt if isinstance(prompt, str) else prompt[-1])
+        wanted = body.get("max_tokens", default_max_tokens)
+        name = "max_tokens"
     else:
-        prompt_tokens = _message_tokens(body.get("messages", _MISSING))
-    wanted = body.get("max_tokens", default_max_tokens)
+        messages = body.get("messages", _MISSING)
+        prompt_tokens = _message_tokens(messages)
+        start = _continuation(body, messages)  # type: ignore[arg-type]
+        name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        wanted = body.get(name, default_max_tokens)
     if wanted is None:
         wanted = default_max_tokens
     if isinstance(wanted, bool) or not isinstance(wanted, int) or not 1 <= wanted <= max_tokens:
-        raise Invalid(f"'max_tokens' must be a whole number from 1 to {max_tokens}, got {wanted!r}.", "max_tokens")
+        raise Invalid(f"'{name}' must be a whole number from 1 to {max_tokens}, got {wanted!r}.", name)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
         raise Invalid(f"'stream' must be true or false, got {stream!r}.", "stream")
+    include_usage = _include_usage(body.get("stream_options"), stream)
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
-    return Job(kind, model, prompt_tokens, wanted, stream, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
+    job_id = f"{prefix}-{uuid.uuid4().hex}"
+    return Job(kind, model, prompt_tokens, wanted, stream, job_id, int(time.time()), start, include_usage)
+
+
+def _include_usage(options: object, stream: bool) -> bool:
+    """vLLM's rules: stream_options only with stream=true; include_usage a boolean."""
+    if options is None:
+        return False
+    if not stream:
+        raise Invalid("'stream_options' can only be set when 'stream' is true.", "stream_options")
+    if not isinstance(options, dict):
+        raise Invalid(f"'stream_options' must be an object, got {options!r}.", "stream_options")
+    include = options.get("include_usage", False)
+    if include is None:
+        return False
+    if not isinstance(include, bool):
+        raise Invalid(f"'stream_options.include_usage' must be true or false, got {include!r}.", "stream_options")
+    return include
+
+
+def _continuation(body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+    """Where a chat request starts counting: past the final assistant message with continue_final_message."""
+    cont = body.get("continue_final_message", False)
+    add = body.get("add_generation_prompt", True)
+    if not isinstance(cont, bool) or not isinstance(add, bool):
+        param = "continue_final_message" if not isinstance(cont, bool) else "add_generation_prompt"
+        raise Invalid(f"'{param}' must be true or false.", param)
+    if not cont:
+        return 0
+    if add:
+        raise Invalid(
+            "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true; "
+            "set 'add_generation_prompt': false to continue the final message.",
+            "continue_final_message",
+        )
+    if messages[-1].get("role") != "assistant":
+        raise Invalid(
+            "'continue_final_message' needs an assistant message last, to continue; "
+            f"messages[{len(messages) - 1}] has role {messages[-1].get('role')!r}.",
+            "continue_final_message",
+        )
+    return _counted(messages[-1]["content"])
+
+
+def _counted(text: str) -> int:
+    """How many tokens of the count ``tok0 tok1 ...`` end ``text`` (0 if it does not end with one)."""
+    at = text.rfind("tok0")
+    if at < 0:
+        return 0
+    words = text[at:].split(" ")
+    if words != [f"tok{i}" for i in range(len(words))]:
+        return 0
+    return len(words)
+
+
+_TOKEN = re.compile(r"tok\d+|(?:(?!tok\d)\S)+")
+
+
+def count_tokens(text: str) -> int:
+    """The example's tokenizer: whitespace-separated words, with every ``tokN`` a token of its own."""
+    return len(_TOKEN.findall(text))
 
 
 _MISSING = object()
@@ -71,9 +161,9 @@ _MISSING = object()
 
 def _prompt_tokens(prompt: object) -> int:
     if isinstance(prompt, str):
-        return len(prompt.split())
+        return count_tokens(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return sum(len(p.split()) for p in prompt)
+        return sum(count_tokens(p) for p in prompt)
     raise Invalid("'prompt' is required and must be a string or a non-empty list of strings.", "prompt")
 
 
@@ -87,7 +177,7 @@ def _message_tokens(messages: object) -> int:
         content = message.get("content")
         if not isinstance(content, str):
             raise Invalid(f"messages[{index}].content must be a string.", f"messages[{index}].content")
-        total += len(content.split())
+        total += count_tokens(content)
     return total
 
 
@@ -116,9 +206,9 @@ def _envelope(job: Job, served_model: str, streaming: bool) -> dict[str, Any]:
 
 
 def chunk(job: Job, served_model: str, index: int) -> bytes:
-    """The SSE event for token ``index``; the last one carries ``finish_reason``."""
+    """The SSE event for the job's token ``index`` (from 0); the last one carries ``finish_reason``."""
     finish = "length" if index == job.max_tokens - 1 else None
-    text = token_text(index)
+    text = token_text(job.start + index)
     if job.kind == "completion":
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     else:
@@ -128,11 +218,17 @@ def chunk(job: Job, served_model: str, index: int) -> bytes:
     return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
 
+def usage_chunk(job: Job, served_model: str) -> bytes:
+    """The final chunk of ``stream_options.include_usage``: no choices, the usage of the whole request."""
+    event = {**_envelope(job, served_model, True), "choices": [], "usage": _usage(job)}
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
 DONE = b"data: [DONE]\n\n"
 
 
 def full_body(job: Job, served_model: str) -> bytes:
-    text = "".join(token_text(i) for i in range(job.max_tokens))
+    text = "".join(token_text(job.start + i) for i in range(job.max_tokens))
     if job.kind == "completion":
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
     else:
