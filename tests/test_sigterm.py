@@ -1,0 +1,287 @@
+"""SIGTERM drains under every server users run (end to end, real subprocesses on 127.0.0.1).
+
+The app (tests/apps_compat.py) wraps itself in GracefulMiddleware; nothing else is
+configured: the middleware takes SIGTERM over from the server in lifespan startup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from .compat import ROOT, Server, wait_ready
+
+PROPAGATION_WAIT = 1.5
+SERVERS = ["uvicorn-h11", "uvicorn-httptools", "gunicorn", "hypercorn-asyncio", "hypercorn-trio", "granian"]
+UVICORN_PORT = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+
+
+@dataclass
+class Log:
+    """The server's output, read as it comes so that a test can wait for a line."""
+
+    lines: list[str] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def follow(self, process: subprocess.Popen[bytes]) -> threading.Thread:
+        def read() -> None:
+            assert process.stdout is not None
+            for raw in process.stdout:
+                with self.changed:
+                    self.lines.append(raw.decode(errors="replace"))
+                    self.changed.notify_all()
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        return thread
+
+    def wait_for(self, pattern: re.Pattern[str], timeout: float = 15) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for line in self.lines:
+                    match = pattern.search(line)
+                    if match:
+                        return match
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no line matching {pattern.pattern!r}:\n{self.text()}")
+                self.changed.wait(left)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def listening_port(pid: int, timeout: float = 15) -> int:
+    """The TCP port a process or one of its children listens on (granian logs port 0 as 0)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == pid]
+        inodes = set()
+        for each in pids:
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{each}/fd"):
+                    with contextlib.suppress(OSError):
+                        target = os.readlink(f"/proc/{each}/fd/{fd}")
+                        if target.startswith("socket:["):
+                            inodes.add(target[8:-1])
+        with open("/proc/net/tcp") as table:
+            for line in table.readlines()[1:]:
+                parts = line.split()
+                if parts[3] == "0A" and parts[9] in inodes:  # 0A: LISTEN
+                    return int(parts[1].split(":")[1], 16)
+        time.sleep(0.05)
+    raise TimeoutError(f"process {pid} never listened")
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def launch(name: str, socket_dir: str, **env: str) -> Iterator[tuple[Server, Log]]:
+    """Start server `name` on 127.0.0.1 without a port race: a socket passed by fd, or port 0 read back."""
+    py = sys.executable
+    target = "tests.apps_compat:app"
+    listener = None
+    pass_fds: tuple[int, ...] = ()
+    if name in ("gunicorn", "hypercorn-asyncio", "hypercorn-trio"):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        listener.set_inheritable(True)
+        pass_fds = (listener.fileno(),)
+        bind = f"fd://{listener.fileno()}"
+    commands = {
+        "uvicorn-h11": [py, "-m", "uvicorn", target, "--port", "0", "--http", "h11"],
+        "uvicorn-httptools": [py, "-m", "uvicorn", target, "--port", "0", "--http", "httptools"],
+        "gunicorn": [py, "-m", "gunicorn", "-k", "uvicorn_worker.UvicornWorker", "--workers", "2", "--bind", "{bind}",
+                     target],
+        # --workers 0: the app runs in hypercorn's main process (see the compatibility table).
+        "hypercorn-asyncio": [py, "-m", "hypercorn", target, "--bind", "{bind}", "--workers", "0",
+                              "--worker-class", "asyncio"],
+        "hypercorn-trio": [py, "-m", "hypercorn", target, "--bind", "{bind}", "--workers", "0",
+                           "--worker-class", "trio"],
+        "granian": [py, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "0", target],
+    }  # fmt: skip
+    command = [part.replace("{bind}", bind) if listener else part for part in commands[name]]
+    environment = {**os.environ, "GRACEFUL_SOCKET_DIR": socket_dir, "PYTHONPATH": ROOT, **env}
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=pass_fds,
+        start_new_session=True,
+    )
+    log = Log()
+    reader = log.follow(process)
+    try:
+        if listener is not None:
+            port = listener.getsockname()[1]
+            listener.close()  # the server holds its own copy
+        elif name == "granian":
+            port = listening_port(process.pid)
+        else:
+            port = int(log.wait_for(UVICORN_PORT)[1])
+        server = Server(process, port, socket_dir)
+        wait_ready(server)
+        yield server, log
+    finally:
+        if listener is not None:
+            listener.close()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        reader.join(10)
+        if process.stdout is not None:
+            process.stdout.close()
+        server_log = log.text()
+        if server_log:
+            print(server_log)
+
+
+@dataclass
+class Stream:
+    frames: list[str] = field(default_factory=list)
+    first: threading.Event = field(default_factory=threading.Event)
+    ended_at: float | None = None
+    error: BaseException | None = None
+
+
+def stream_in_thread(base: str) -> tuple[Stream, threading.Thread]:
+    stream = Stream()
+
+    def run() -> None:
+        try:
+            with httpx.Client(base_url=base, timeout=20) as client:
+                with client.stream("POST", "/stream") as response:
+                    assert response.status_code == 200
+                    for line in response.iter_lines():
+                        if line:
+                            stream.frames.append(line)
+                            stream.first.set()
+            stream.ended_at = time.monotonic()
+        except BaseException as exc:  # reported by the test
+            stream.error = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return stream, thread
+
+
+def assert_whole(stream: Stream, output: str) -> None:
+    assert stream.error is None, (repr(stream.error), output)
+    assert stream.frames[-1] == "data: [DONE]", (stream.frames[-3:], output)
+    assert stream.frames[:-1] == [f"data: {i}" for i in range(len(stream.frames) - 1)]
+
+
+def first_503(client: httpx.Client, since: float, limit: float = 5.0) -> float:
+    """Poll /ready as fast as the server answers; the seconds from `since` to the first 503."""
+    while time.monotonic() < since + limit:
+        if client.get("/ready").status_code == 503:
+            return time.monotonic() - since
+    raise AssertionError(f"/ready never returned 503 within {limit} s")
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_sigterm_drains(name: str, socket_dir: str) -> None:
+    """
+    1. two SSE streams are in flight (first frame received)
+    2. SIGTERM goes to the server's main process (gunicorn's master)
+    3. /ready returns 503 within 100 ms
+    4. during the propagation wait, a request on a new connection is served (admit mode)
+    5. every stream ends whole with [DONE]
+    6. the process exits within 1 s of the last frame
+    """
+    env = {"COMPAT_ADMIT": "default", "COMPAT_PROPAGATION_WAIT": str(PROPAGATION_WAIT)}
+    with launch(name, socket_dir, **env) as (server, log):
+        probe = httpx.Client(base_url=server.base, timeout=5)
+        probe.get("/ready")  # connect now: the poll below measures the answer, not the handshake
+        streams = [stream_in_thread(server.base) for _ in range(2)]
+        for stream, _ in streams:
+            assert stream.first.wait(10), log.text()
+        sent = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert first_503(probe, sent) <= 0.1, log.text()
+        with httpx.Client(timeout=5) as fresh:
+            answer = fresh.post(server.base + "/short")
+        answered = time.monotonic()
+        assert answer.status_code == 200, (answer.status_code, answer.text, log.text())
+        assert answered - sent < PROPAGATION_WAIT, "answered after the propagation wait: the test proves nothing"
+        probe.close()
+        for stream, thread in streams:
+            thread.join(15)
+            assert_whole(stream, log.text())
+        last_frame = max(stream.ended_at or 0.0 for stream, _ in streams)
+        server.process.wait(10)
+        exited = time.monotonic()
+        assert exited - last_frame <= 1.0, (exited - last_frame, log.text())
+
+
+def test_sigterm_without_drain_on_sigterm_is_the_servers_own(socket_dir: str) -> None:
+    """GRACEFUL_DRAIN_ON_SIGTERM=0 under plain uvicorn:
+    1. a stream is in flight
+    2. SIGTERM
+    3. uvicorn closes its listener at once: a new connection is refused, while readiness never failed
+       (the stream, which runs until the app sees a drain, keeps going)
+    """
+    with launch("uvicorn-h11", socket_dir, GRACEFUL_DRAIN_ON_SIGTERM="0", COMPAT_ADMIT="default") as (server, log):
+        stream, _ = stream_in_thread(server.base)
+        assert stream.first.wait(10), log.text()
+        server.process.send_signal(signal.SIGTERM)
+        log.wait_for(re.compile(r"Shutting down"))
+        refused = False
+        deadline = time.monotonic() + 5
+        while not refused and time.monotonic() < deadline:
+            try:
+                httpx.get(server.base + "/ready", timeout=1)
+            except httpx.ConnectError:
+                refused = True
+        assert refused, log.text()
+        seen = len(stream.frames)
+        deadline = time.monotonic() + 5
+        while len(stream.frames) < seen + 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # Still streaming the SERVING part of the stream: no drain began.
+        assert len(stream.frames) >= seen + 5 and stream.frames[-1] != "data: [DONE]"
+        assert server.process.poll() is None
+
+
+def test_second_signal_forces_exit(socket_dir: str) -> None:
+    """
+    1. a stream is in flight; the propagation wait is 10 s
+    2. SIGTERM: the drain begins (/ready 503)
+    3. SIGINT: the process exits at once; the stream ends early with its final frame, not [DONE]
+    """
+    env = {"COMPAT_ADMIT": "default", "COMPAT_PROPAGATION_WAIT": "10", "COMPAT_TAIL": "1000"}
+    with launch("uvicorn-h11", socket_dir, **env) as (server, log):
+        stream, thread = stream_in_thread(server.base)
+        assert stream.first.wait(10), log.text()
+        server.process.send_signal(signal.SIGTERM)
+        with httpx.Client(base_url=server.base, timeout=5) as probe:
+            first_503(probe, time.monotonic())
+        sent = time.monotonic()
+        server.process.send_signal(signal.SIGINT)
+        server.process.wait(10)
+        assert time.monotonic() - sent <= 1.0, log.text()
+        thread.join(10)
+        assert stream.frames and stream.frames[-1] != "data: [DONE]", stream.frames[-3:]
+        assert '"type":"server_shutdown"' in stream.frames[-1], stream.frames[-3:]  # the retryable final frame
