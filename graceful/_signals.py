@@ -83,6 +83,16 @@ class SignalDrain:
         previous = signal.getsignal(sig)
         if previous is signal.SIG_IGN or previous is None:  # ignored, or installed outside Python
             return
+        if _owned_by_loop(previous):
+            # The loop (uvloop) dispatches through its own table, which cannot be read:
+            # we could neither stop the server from hearing the signal nor hand it on.
+            logger.warning(
+                "%s stays with the server: its event loop (%s) keeps signal handlers where they cannot be "
+                "taken over; run the server on the asyncio loop, or drain from a preStop hook",
+                signal.Signals(sig).name,
+                type(getattr(previous, "__self__", None)).__module__,
+            )
+            return
         signal.signal(sig, self._on_os_signal)
 
         def restore_handler() -> None:
@@ -173,6 +183,12 @@ def _asyncio_signal_handlers() -> dict[int, Any] | None:
         return None
     handlers = getattr(loop, "_signal_handlers", None)
     return handlers if isinstance(handlers, dict) else None
+
+
+def _owned_by_loop(handler: object) -> bool:
+    """Whether ``handler`` is a method of the running event loop (``add_signal_handler``'s hook)."""
+    owner = getattr(handler, "__self__", None)
+    return owner is not None and isinstance(owner, asyncio.AbstractEventLoop)
 
 
 def _signal_safe_call_soon() -> Callable[[Callable[[int], None], int], object]:
