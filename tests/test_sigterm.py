@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
+from graceful import ConfigError, Drain
+
 from .compat import ROOT, Server, wait_ready
 
 PROPAGATION_WAIT = 1.5
@@ -95,7 +97,7 @@ def _parent(pid: int) -> int | None:
 
 
 @contextlib.contextmanager
-def launch(name: str, socket_dir: str, **env: str) -> Iterator[tuple[Server, Log]]:
+def start_server(name: str, socket_dir: str, **env: str) -> Iterator[tuple[Server, Log]]:
     """Start server `name` on 127.0.0.1 without a port race: a socket passed by fd, or port 0 read back."""
     py = sys.executable
     target = "tests.apps_compat:app"
@@ -118,6 +120,7 @@ def launch(name: str, socket_dir: str, **env: str) -> Iterator[tuple[Server, Log
                               "--worker-class", "asyncio"],
         "hypercorn-trio": [py, "-m", "hypercorn", target, "--bind", "{bind}", "--workers", "0",
                            "--worker-class", "trio"],
+        "graceful-run": [py, "-m", "graceful", "run", target, "--host", "127.0.0.1", "--port", "0"],
         # The asyncio loop, whatever is installed: granian picks uvloop when it can (see the uvloop test).
         "granian": [py, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "0", "--loop",
                     "asyncio", target],
@@ -216,7 +219,7 @@ def test_sigterm_drains(name: str, socket_dir: str) -> None:
     6. the process exits within 1 s of the last frame
     """
     env = {"COMPAT_ADMIT": "default", "COMPAT_PROPAGATION_WAIT": str(PROPAGATION_WAIT)}
-    with launch(name, socket_dir, **env) as (server, log):
+    with start_server(name, socket_dir, **env) as (server, log):
         probe = httpx.Client(base_url=server.base, timeout=5)
         probe.get("/ready")  # connect now: the poll below measures the answer, not the handshake
         streams = [stream_in_thread(server.base) for _ in range(2)]
@@ -247,7 +250,10 @@ def test_sigterm_without_drain_on_sigterm_is_the_servers_own(socket_dir: str) ->
     3. uvicorn closes its listener at once: a new connection is refused, while readiness never failed
        (the stream, which runs until the app sees a drain, keeps going)
     """
-    with launch("uvicorn-h11", socket_dir, GRACEFUL_DRAIN_ON_SIGTERM="0", COMPAT_ADMIT="default") as (server, log):
+    with start_server("uvicorn-h11", socket_dir, GRACEFUL_DRAIN_ON_SIGTERM="0", COMPAT_ADMIT="default") as (
+        server,
+        log,
+    ):
         stream, _ = stream_in_thread(server.base)
         assert stream.first.wait(10), log.text()
         server.process.send_signal(signal.SIGTERM)
@@ -268,7 +274,7 @@ def test_second_signal_forces_exit(socket_dir: str) -> None:
     3. SIGINT: the process exits at once; the stream ends early with its final frame, not [DONE]
     """
     env = {"COMPAT_ADMIT": "default", "COMPAT_PROPAGATION_WAIT": "10", "COMPAT_TAIL": "1000"}
-    with launch("uvicorn-h11", socket_dir, **env) as (server, log):
+    with start_server("uvicorn-h11", socket_dir, **env) as (server, log):
         stream, thread = stream_in_thread(server.base)
         assert stream.first.wait(10), log.text()
         server.process.send_signal(signal.SIGTERM)
@@ -301,8 +307,38 @@ def test_granian_on_uvloop_keeps_its_own_sigterm(socket_dir: str) -> None:
     2. SIGTERM: granian closes its listener on its own, with no drain (/ready never turned 503)
     """
     pytest.importorskip("uvloop")
-    with launch("granian-uvloop", socket_dir) as (server, log):
+    with start_server("granian-uvloop", socket_dir) as (server, log):
         log.wait_for(re.compile(r"SIGTERM stays with the server: its event loop \(uvloop\)"))
         server.process.send_signal(signal.SIGTERM)
         assert 503 not in refused_without_draining(server), log.text()
         server.process.wait(10)
+
+
+def test_graceful_run_drains_once(socket_dir: str) -> None:
+    """`graceful run` keeps its own SIGTERM handling; the middleware does not take it over:
+    1. a stream is in flight 2. SIGTERM 3. one drain (one "draining" line, none from the middleware's
+    hand-on) 4. the stream ends whole and the process exits 0
+    """
+    with start_server("graceful-run", socket_dir, COMPAT_ADMIT="default") as (server, log):
+        stream, thread = stream_in_thread(server.base)
+        assert stream.first.wait(10), log.text()
+        server.process.send_signal(signal.SIGTERM)
+        thread.join(15)
+        assert_whole(stream, log.text())
+        assert server.process.wait(10) == 0, log.text()
+        assert log.text().count("SIGTERM received: draining") == 1, log.text()
+        assert "handing SIGTERM on" not in log.text()
+
+
+def test_drain_on_sigterm_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Drain().config.drain_on_sigterm is True
+    assert Drain(drain_on_sigterm=False).config.drain_on_sigterm is False
+    monkeypatch.setenv("GRACEFUL_DRAIN_ON_SIGTERM", "0")
+    assert Drain().config.drain_on_sigterm is False
+    assert Drain(drain_on_sigterm=True).config.drain_on_sigterm is True  # the argument wins over the env
+    monkeypatch.setenv("GRACEFUL_DRAIN_ON_SIGTERM", "maybe")
+    with pytest.raises(ConfigError, match=r"GRACEFUL_DRAIN_ON_SIGTERM='maybe': expected 1 or 0"):
+        Drain()
+    monkeypatch.delenv("GRACEFUL_DRAIN_ON_SIGTERM")
+    with pytest.raises(ConfigError, match=r"drain_on_sigterm: expected True or False, got 'no'"):
+        Drain(drain_on_sigterm="no")
