@@ -10,8 +10,8 @@ thread, in one of two ways:
 
 :class:`SignalDrain` puts itself in front of whichever it finds. The first signal starts
 the drain; once it has ended, the server's own handler gets the signal as if it had just
-arrived. A second signal hands on at once and ends the work still in flight with its
-final frame.
+arrived. A second signal (more than ``REPEAT_WINDOW`` after the first) hands on at once
+and ends the work still in flight with its final frame.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -35,6 +36,10 @@ __all__ = ["HANDLED_SIGNALS", "SignalDrain"]
 logger = logging.getLogger("graceful")
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A signal this soon after the first is the same stop arriving twice: systemd's default
+# KillMode signals every process of the unit, and gunicorn's or granian's parent then
+# forwards the signal to its workers. Only a later one forces exit.
+REPEAT_WINDOW = 0.5
 
 
 class SignalDrain:
@@ -47,6 +52,7 @@ class SignalDrain:
         self._call_soon: Callable[[Callable[[int], None], int], object] | None = None
         self._signalled = anyio.Event()
         self._forced = anyio.Event()
+        self._first_at = 0.0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -107,10 +113,20 @@ class SignalDrain:
         self._call_soon(self._on_signal, sig)
 
     def _on_signal(self, sig: int) -> None:
-        self.received.append(sig)
-        if len(self.received) == 1:
+        now = time.monotonic()
+        if not self.received:
+            self.received.append(sig)
+            self._first_at = now
             self._signalled.set()
             return
+        if now - self._first_at < REPEAT_WINDOW:
+            logger.info(
+                "%s again %.3fs after the first: the same stop (sent to the process group and forwarded)",
+                signal.Signals(sig).name,
+                now - self._first_at,
+            )
+            return
+        self.received.append(sig)
         logger.warning(
             "second signal (%s): handing it on now with %d request(s) in flight",
             signal.Signals(sig).name,

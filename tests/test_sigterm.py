@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from graceful import ConfigError, Drain
+from graceful._signals import REPEAT_WINDOW
 
 from .compat import ROOT, Server, wait_ready
 
@@ -208,11 +209,11 @@ def first_503(client: httpx.Client, since: float, limit: float = 5.0) -> float:
     raise AssertionError(f"/ready never returned 503 within {limit} s")
 
 
-@pytest.mark.parametrize("name", SERVERS)
-def test_sigterm_drains(name: str, socket_dir: str) -> None:
+def sigterm_during_streams(name: str, socket_dir: str, *, group: bool = False) -> None:
     """
     1. two SSE streams are in flight (first frame received)
-    2. SIGTERM goes to the server's main process (gunicorn's master)
+    2. SIGTERM goes to the server's main process (gunicorn's master), or with `group` to every
+       process of the server at once (systemd's default KillMode=control-group)
     3. /ready returns 503 within 100 ms
     4. during the propagation wait, a request on a new connection is served (admit mode)
     5. every stream ends whole with [DONE]
@@ -226,7 +227,10 @@ def test_sigterm_drains(name: str, socket_dir: str) -> None:
         for stream, _ in streams:
             assert stream.first.wait(10), log.text()
         sent = time.monotonic()
-        server.process.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(server.process.pid, signal.SIGTERM)
+        else:
+            server.process.send_signal(signal.SIGTERM)
         assert first_503(probe, sent) <= 0.1, log.text()
         with httpx.Client(timeout=5) as fresh:
             answer = fresh.post(server.base + "/short")
@@ -241,6 +245,19 @@ def test_sigterm_drains(name: str, socket_dir: str) -> None:
         server.process.wait(10)
         exited = time.monotonic()
         assert exited - last_frame <= 1.0, (exited - last_frame, log.text())
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_sigterm_drains(name: str, socket_dir: str) -> None:
+    sigterm_during_streams(name, socket_dir)
+
+
+@pytest.mark.parametrize("name", ["gunicorn", "granian"])
+def test_sigterm_to_every_process_drains_once(name: str, socket_dir: str) -> None:
+    """systemd's default stop (KillMode=control-group) signals the parent and its workers together,
+    and the parent forwards SIGTERM to its workers: each worker sees SIGTERM twice within
+    milliseconds and drains once (no forced exit)."""
+    sigterm_during_streams(name, socket_dir, group=True)
 
 
 def test_sigterm_without_drain_on_sigterm_is_the_servers_own(socket_dir: str) -> None:
@@ -271,15 +288,19 @@ def test_second_signal_forces_exit(socket_dir: str) -> None:
     """
     1. a stream is in flight; the propagation wait is 10 s
     2. SIGTERM: the drain begins (/ready 503)
-    3. SIGINT: the process exits at once; the stream ends early with its final frame, not [DONE]
+    3. SIGINT, more than REPEAT_WINDOW later: the process exits at once; the stream ends early with
+       its final frame, not [DONE]
     """
     env = {"COMPAT_ADMIT": "default", "COMPAT_PROPAGATION_WAIT": "10", "COMPAT_TAIL": "1000"}
     with start_server("uvicorn-h11", socket_dir, **env) as (server, log):
         stream, thread = stream_in_thread(server.base)
         assert stream.first.wait(10), log.text()
         server.process.send_signal(signal.SIGTERM)
+        first = time.monotonic()
         with httpx.Client(base_url=server.base, timeout=5) as probe:
-            first_503(probe, time.monotonic())
+            first_503(probe, first)
+        # A repeat within REPEAT_WINDOW is the same stop arriving twice; a later one forces.
+        time.sleep(max(0.0, first + REPEAT_WINDOW + 0.1 - time.monotonic()))
         sent = time.monotonic()
         server.process.send_signal(signal.SIGINT)
         server.process.wait(10)
