@@ -363,3 +363,25 @@ def test_drain_on_sigterm_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GRACEFUL_DRAIN_ON_SIGTERM")
     with pytest.raises(ConfigError, match=r"drain_on_sigterm: expected True or False, got 'no'"):
         Drain(drain_on_sigterm="no")
+
+
+def test_systemd_stop_fits_timeout_stop_sec(socket_dir: str) -> None:
+    """The stop systemd performs for the unit in docs/outside-kubernetes.md, with TimeoutStopSec=6
+    and GRACEFUL_GRACE_PERIOD=6 (reserve 2 s: drain limit 4 s):
+    1. a stream that would run 20 more seconds is in flight under gunicorn
+    2. SIGTERM to every process of the unit (KillMode=control-group)
+    3. at the drain deadline (4 s) the stream ends with the retryable final frame
+    4. the server exits before TimeoutStopSec, so SIGKILL is never needed
+    """
+    env = {"COMPAT_ADMIT": "default", "COMPAT_GRACE": "6", "COMPAT_TAIL": "1000"}
+    with start_server("gunicorn", socket_dir, **env) as (server, log):
+        stream, thread = stream_in_thread(server.base)
+        assert stream.first.wait(10), log.text()
+        sent = time.monotonic()
+        os.killpg(server.process.pid, signal.SIGTERM)
+        thread.join(15)
+        assert stream.error is None and stream.ended_at is not None, (repr(stream.error), log.text())
+        assert '"type":"server_shutdown"' in stream.frames[-1], stream.frames[-3:]
+        assert 3.8 <= stream.ended_at - sent <= 5.0, stream.ended_at - sent
+        server.process.wait(10)
+        assert time.monotonic() - sent < 6.0, log.text()
