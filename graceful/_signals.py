@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,7 @@ class SignalDrain:
         self._signalled = anyio.Event()
         self._forced = anyio.Event()
         self._first_at = 0.0
+        self._handed_on = False
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -113,6 +115,9 @@ class SignalDrain:
         self._call_soon(self._on_signal, sig)
 
     def _on_signal(self, sig: int) -> None:
+        if self._handed_on:  # caught just before the server got its handlers back: pass it on
+            signal.raise_signal(sig)
+            return
         now = time.monotonic()
         if not self.received:
             self.received.append(sig)
@@ -173,6 +178,7 @@ class SignalDrain:
             signal.raise_signal(sig)
 
     def _give_back(self) -> None:
+        self._handed_on = True
         restore, self._restore = self._restore, []
         for undo in restore:
             undo()
@@ -212,6 +218,7 @@ def _signal_safe_call_soon() -> Callable[[Callable[[int], None], int], object]:
     try:
         return asyncio.get_running_loop().call_soon_threadsafe
     except RuntimeError:
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
+        # anyio's other backend: trio runs us, so it is loaded (graceful does not depend on it).
+        trio = sys.modules["trio"]
+        call_soon: Callable[[Callable[[int], None], int], object] = trio.lowlevel.current_trio_token().run_sync_soon
+        return call_soon
