@@ -385,3 +385,56 @@ def test_systemd_stop_fits_timeout_stop_sec(socket_dir: str) -> None:
         assert 3.8 <= stream.ended_at - sent <= 5.0, stream.ended_at - sent
         server.process.wait(10)
         assert time.monotonic() - sent < 6.0, log.text()
+
+
+async def _noop_app(scope: dict[str, object], receive: object, send: object) -> None:
+    return None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_servers_handler_hears_the_signal_after_the_drain(anyio_backend: str) -> None:
+    """In process, both ways a server installs a handler: asyncio's loop.add_signal_handler
+    (hypercorn, granian) and signal.signal (uvicorn; the only way under trio):
+    1. SIGTERM: the drain begins and the server's handler is not called yet
+    2. the drain ends (a 0.2 s propagation wait) 3. the server's handler gets SIGTERM, once
+    4. after lifespan shutdown the server's handler is installed again, not ours
+    """
+    import anyio
+    from asgi_lifespan import LifespanManager
+    from prometheus_client import CollectorRegistry
+
+    from graceful import GracefulMiddleware, State
+
+    heard: list[tuple[int, State]] = []
+    app = GracefulMiddleware(_noop_app, admin=False, registry=CollectorRegistry(), propagation_wait=0.2)  # type: ignore[arg-type]
+
+    def server_handler(sig: int, frame: object = None) -> None:
+        heard.append((sig, app.drain.state))
+
+    loop = None
+    if anyio_backend == "asyncio":
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, server_handler, signal.SIGTERM)
+    else:
+        before = signal.signal(signal.SIGTERM, server_handler)
+    try:
+        async with LifespanManager(app):
+            os.kill(os.getpid(), signal.SIGTERM)
+            with anyio.fail_after(5):
+                while app.drain.state is not State.DRAINING:
+                    await anyio.sleep(0.01)
+                assert heard == []
+                while not heard:
+                    await anyio.sleep(0.01)
+            assert app.drain.last_result is not None and app.drain.last_result.result == "drained"
+            assert heard == [(signal.SIGTERM, State.DRAINING)]
+        if loop is None:
+            assert signal.getsignal(signal.SIGTERM) is server_handler
+    finally:
+        if loop is not None:
+            loop.remove_signal_handler(signal.SIGTERM)
+        else:
+            signal.signal(signal.SIGTERM, before)
