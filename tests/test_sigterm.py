@@ -438,3 +438,59 @@ async def test_the_servers_handler_hears_the_signal_after_the_drain(anyio_backen
             loop.remove_signal_handler(signal.SIGTERM)
         else:
             signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.anyio
+async def test_what_is_not_taken_over(caplog: pytest.LogCaptureFixture) -> None:
+    """1. an ignored SIGINT stays ignored 2. a SIGTERM handler that is a method of an event loop
+    (uvloop's way) stays, with a warning naming the fix."""
+    import asyncio
+
+    from asgi_lifespan import LifespanManager
+    from prometheus_client import CollectorRegistry
+
+    from graceful import GracefulMiddleware, State
+
+    other_loop = asyncio.new_event_loop()
+    loop_owned = other_loop.call_soon  # stands in for uvloop's Loop.__sighandler: never called here
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, loop_owned)  # type: ignore[arg-type]
+    app = GracefulMiddleware(_noop_app, admin=False, registry=CollectorRegistry())  # type: ignore[arg-type]
+    try:
+        with caplog.at_level("WARNING", logger="graceful"):
+            async with LifespanManager(app):
+                assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+                assert signal.getsignal(signal.SIGTERM) == loop_owned
+                assert app.drain.state is State.SERVING
+        assert "SIGTERM stays with the server: its event loop (asyncio" in caplog.text
+        assert "run the server on the asyncio loop, or drain from a preStop hook" in caplog.text
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        other_loop.close()
+
+
+@pytest.mark.anyio
+async def test_a_signal_before_serving_goes_to_the_server_at_once() -> None:
+    """ready_on_startup=False, weights still loading (STARTING): SIGTERM reaches the server's
+    handler at once, with no drain."""
+    import anyio
+    from asgi_lifespan import LifespanManager
+    from prometheus_client import CollectorRegistry
+
+    from graceful import GracefulMiddleware, State
+
+    heard: list[State] = []
+    app = GracefulMiddleware(_noop_app, admin=False, registry=CollectorRegistry(), ready_on_startup=False)  # type: ignore[arg-type]
+    before = signal.signal(signal.SIGTERM, lambda sig, frame: heard.append(app.drain.state))
+    try:
+        async with LifespanManager(app):
+            os.kill(os.getpid(), signal.SIGTERM)
+            with anyio.fail_after(5):
+                while not heard:
+                    await anyio.sleep(0.01)
+            assert heard == [State.STARTING]
+            assert app.drain.last_result is None
+    finally:
+        signal.signal(signal.SIGTERM, before)
