@@ -494,3 +494,25 @@ async def test_a_signal_before_serving_goes_to_the_server_at_once() -> None:
             assert app.drain.last_result is None
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_lifespan_off_the_main_thread_leaves_the_signals_alone() -> None:
+    """A server running the app in another thread (signals reach only the main thread): startup
+    succeeds and SIGTERM's handler is unchanged."""
+    import anyio
+    from asgi_lifespan import LifespanManager
+    from prometheus_client import CollectorRegistry
+
+    from graceful import GracefulMiddleware, State
+
+    app = GracefulMiddleware(_noop_app, admin=False, registry=CollectorRegistry())  # type: ignore[arg-type]
+    seen: list[object] = []
+
+    async def serve() -> None:
+        async with LifespanManager(app):
+            seen.extend([app.drain.state, signal.getsignal(signal.SIGTERM)])
+
+    thread = threading.Thread(target=anyio.run, args=(serve,))
+    thread.start()
+    thread.join(10)
+    assert seen == [State.SERVING, signal.getsignal(signal.SIGTERM)]
