@@ -90,7 +90,7 @@ class DrainConfig:
         metadata=_doc(
             "env `GRACEFUL_DRAIN_ON_SIGTERM`, else True",
             "SIGTERM/SIGINT start the drain and reach the server's own handler once it has ended "
-            "(see [outside Kubernetes](docs/outside-kubernetes.md)); False leaves them to the server",
+            "(see [outside Kubernetes](outside-kubernetes.md)); False leaves them to the server",
         ),
     )
 
