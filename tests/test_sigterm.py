@@ -358,7 +358,7 @@ def test_drain_on_sigterm_values(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Drain().config.drain_on_sigterm is False
     assert Drain(drain_on_sigterm=True).config.drain_on_sigterm is True  # the argument wins over the env
     monkeypatch.setenv("GRACEFUL_DRAIN_ON_SIGTERM", "maybe")
-    with pytest.raises(ConfigError, match=r"GRACEFUL_DRAIN_ON_SIGTERM='maybe': expected 1 or 0"):
+    with pytest.raises(ConfigError, match=r"GRACEFUL_DRAIN_ON_SIGTERM: 'maybe' is not a boolean; use 1 or 0"):
         Drain()
     monkeypatch.delenv("GRACEFUL_DRAIN_ON_SIGTERM")
     with pytest.raises(ConfigError, match=r"drain_on_sigterm: expected True or False, got 'no'"):
