@@ -327,7 +327,11 @@ def test_granian_on_uvloop_keeps_its_own_sigterm(socket_dir: str) -> None:
     1. the middleware logs (a warning) that SIGTERM stays with the server, and the fix
     2. SIGTERM: granian closes its listener on its own, with no drain (/ready never turned 503)
     """
-    pytest.importorskip("uvloop")
+    pytest.importorskip(
+        "uvloop",
+        reason="uvloop is kept out of the test extra: installed, it would move uvicorn and granian onto it in every "
+        "other test. pip install uvloop to run this case",
+    )
     with start_server("granian-uvloop", socket_dir) as (server, log):
         log.wait_for(re.compile(r"SIGTERM stays with the server: its event loop \(uvloop\)"))
         server.process.send_signal(signal.SIGTERM)
