@@ -128,6 +128,53 @@ def test_options_resolve_and_reject() -> None:
         Options.resolve(scenario="nope")
 
 
+def test_options_for_l7_balancers_and_observed_propagation() -> None:
+    assert Options.resolve(quick=True).admit_during_propagation is True
+    assert Options.resolve(quick=True, admit_during_propagation=False).admit_during_propagation is False
+    observed = Options.resolve(scenario="observed-propagation", quick=True)
+    assert (observed.propagation_wait, observed.propagation_quiet, observed.lb_delay) == (30.0, 2.0, 3.0)
+    assert observed.grace_period - (observed.reserve or 0) > observed.propagation_wait + 2 * observed.longest_stream
+    assert Options.resolve(balancer="nginx", gateway_retry=True).gateway_retry
+    with pytest.raises(ConfigError, match="--balancer haproxy has no L7 retry"):
+        Options.resolve(balancer="haproxy", gateway_retry=True)
+    with pytest.raises(
+        ConfigError, match="--propagation-quiet 5s must be above 0 and no longer than --propagation-wait 3s"
+    ):
+        Options.resolve(propagation_quiet=5.0)
+
+
+@needs_haproxy
+def test_haproxy_http_config_retries_only_with_gateway_retry() -> None:
+    with tempfile.TemporaryDirectory(prefix="g-", dir="/tmp") as directory:
+        plain = HAProxy("/usr/sbin/haproxy", directory, slots=2, mode="http").config()
+        retry = HAProxy("/usr/sbin/haproxy", directory, slots=2, mode="http", gateway_retry=True).config()
+    assert "mode http" in plain and "http-reuse safe" in plain
+    assert "retry-on" not in plain and "redispatch" not in plain and "retries" not in plain
+    for line in ("retry-on conn-failure 503", "option redispatch 1", "option http-buffer-request", "retries 3"):
+        assert f"    {line}\n" in retry
+    with pytest.raises(ValueError, match="needs mode http"):
+        HAProxy("/usr/sbin/haproxy", directory, slots=2, gateway_retry=True)
+
+
+def test_example_server_takes_an_explicit_false_for_admission() -> None:
+    from examples.server._config import drain_options_from_env
+
+    assert drain_options_from_env({"GRACEFUL_EXAMPLE_ADMIT_DURING_PROPAGATION": "false"}) == {
+        "admit_during_propagation": False
+    }
+    assert drain_options_from_env({"GRACEFUL_EXAMPLE_ADMIT_DURING_PROPAGATION": "true"}) == {
+        "admit_during_propagation": True
+    }
+    assert drain_options_from_env({}) == {}
+
+
+def test_cli_gateway_retry_needs_an_l7_balancer() -> None:
+    result = CliRunner().invoke(rollout_command, ["--balancer", "forwarder", "--gateway-retry"])
+    assert result.exit_code == 2
+    assert "--gateway-retry" in result.output and "--balancer nginx" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_cli_bad_duration_is_one_line() -> None:
     result = CliRunner().invoke(rollout_command, ["--grace-period", "soon"])
     assert result.exit_code == 2

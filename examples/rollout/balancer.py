@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from .haproxy import HAProxy, find_haproxy
+from .haproxy import HAProxy, Mode, find_haproxy
 from .nginx import Nginx, find_nginx
 
 __all__ = [
@@ -163,7 +163,7 @@ async def open_balancer(
             if haproxy is None:
                 balancer = Forwarder()
             else:
-                mode = "http" if kind == "haproxy-http" else "tcp"
+                mode: Mode = "http" if kind == "haproxy-http" else "tcp"
                 balancer = HAProxy(haproxy, directory, slots=slots, mode=mode, gateway_retry=gateway_retry)
         try:
             await balancer.start()

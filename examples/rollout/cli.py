@@ -48,7 +48,11 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     default=None,
     help="Graceful side serves new requests during the propagation wait [default: admit; --no-...: refuse].",
 )
-@click.option("--grace-period", callback=_duration, help="terminationGracePeriodSeconds [default 45s, 120s admitting at full size; --quick 10s].")
+@click.option(
+    "--grace-period",
+    callback=_duration,
+    help="terminationGracePeriodSeconds [default 45s, 120s admitting at full size; --quick 10s].",
+)
 @click.option("--propagation-wait", callback=_duration, help="preStop propagation wait [default 3s; --quick 1s].")
 @click.option(
     "--propagation-quiet",

@@ -114,7 +114,7 @@ http {{
         finally:
             sock.close()  # nginx holds its own copy
         await self._workers_started(1)
-        self.name = f"nginx {_version(self._log())} (ingress-nginx upstream settings" + (
+        self.name = f"nginx {_version(self.log_text())} (ingress-nginx upstream settings" + (
             ", gateway retry)" if self.gateway_retry else ")"
         )
 
@@ -122,7 +122,8 @@ http {{
         with open(self.config_path, "w", encoding="utf-8") as out:
             out.write(self.config())
 
-    def _log(self) -> str:
+    def log_text(self) -> str:
+        """The error log so far (notice level: starts, reloads, upstream errors)."""
         with open(self.error_log, encoding="utf-8", errors="replace") as log:
             return log.read()
 
@@ -130,7 +131,7 @@ http {{
         """Wait until the master has logged its ``count``-th worker start (or an [emerg] after ``since``)."""
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            log = self._log()
+            log = self.log_text()
             if "[emerg]" in log[since:]:
                 raise RuntimeError(f"nginx refused its configuration: {log[since:].strip()[-500:]}")
             if log.count(WORKERS_STARTED) >= count:
@@ -149,13 +150,13 @@ http {{
         worker's "gracefully shutting down" (it has closed its listener and idle connections).
         """
         assert self._process is not None
-        log = self._log()
+        log = self.log_text()
         old = _workers(log)
         self._write()
         os.kill(self._process.pid, signal.SIGHUP)
         await self._workers_started(log.count(WORKERS_STARTED) + 1, since=len(log))
         deadline = time.monotonic() + 10
-        while not all(f"{pid}#{pid}: gracefully shutting down" in self._log() for pid in old):
+        while not all(f"{pid}#{pid}: gracefully shutting down" in self.log_text() for pid in old):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nginx: old workers {old} did not begin their shutdown within 10 s")
             await asyncio.sleep(0.01)
@@ -177,7 +178,7 @@ http {{
         """Upstream connects that failed (nginx logs each one, retried or not)."""
         return sum(
             1
-            for line in self._log().splitlines()
+            for line in self.log_text().splitlines()
             if "connect() failed" in line and "while connecting to upstream" in line
         )
 
