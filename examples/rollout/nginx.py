@@ -49,6 +49,7 @@ class Nginx:
         self._servers: dict[str, int] = {}
         self._process: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
+        self.reloads: list[float] = []  # wall-clock time of each reload
 
     def config(self) -> str:
         d = self.directory
@@ -153,6 +154,7 @@ http {{
         log = self.log_text()
         old = _workers(log)
         self._write()
+        self.reloads.append(time.time())
         os.kill(self._process.pid, signal.SIGHUP)
         await self._workers_started(log.count(WORKERS_STARTED) + 1, since=len(log))
         deadline = time.monotonic() + 10

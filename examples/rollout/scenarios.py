@@ -219,6 +219,7 @@ class SideResult:
     walkaways: int = 0
     lost_executions: int = 0
     notes: list[str] = field(default_factory=list)
+    reloads: list[float] = field(default_factory=list)  # nginx: wall-clock reload times
 
 
 async def run_side(
@@ -291,6 +292,7 @@ async def run_side(
             budget_limit=rollout.budget.limit,
             connect_errors=await balancer.backend_connect_errors(),
             walkaways=walkaways,
+            reloads=list(getattr(balancer, "reloads", [])),
             lost_executions=lost,
             notes=notes,
         )
