@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from examples.rollout.balancer import Forwarder, HAProxy, find_haproxy, open_balancer
 from examples.rollout.cli import rollout_command
-from examples.rollout.report import expectations, render, side_summary
-from examples.rollout.scenarios import Options, run_side
+from examples.rollout.report import expectations, reload_losses, render, side_summary
+from examples.rollout.scenarios import Options, SideResult, run_side
 from graceful import ConfigError
 
 pytestmark = pytest.mark.anyio
@@ -203,3 +203,34 @@ async def test_quick_rollout_graceful_loses_nothing() -> None:
     assert base["prestop_codes"] == []
     table = render(base, grace, options)
     assert "baseline" in table and "graceful" in table and "SIGKILLed" in table
+
+
+def test_losses_at_an_nginx_reload_are_told_apart() -> None:
+    """A request lost without a response byte within 1 s after a reload counts as a reload loss;
+    one lost later, or one that had its headers, does not; the promise is judged on the rest."""
+    from graceful._soak_report import Attempt, RequestRecord, SoakReport
+
+    def record(reason: str, end: float, *, headers: bool = False) -> RequestRecord:
+        attempt = Attempt(reason=reason, start=end - 0.01, end=end, headers=headers)
+        return RequestRecord("r", "k", "short", 2, start=end - 0.01, end=end, reason=reason, history=[attempt])
+
+    records = [
+        record("ok", 100.0),
+        record("ambiguous", 100.2),  # 0.2 s after the reload at 100.0
+        record("ambiguous", 103.0),  # long after it
+        record("truncated", 100.3, headers=True),
+    ]
+    report = SoakReport(url="u", started=0.0, elapsed=1.0, records=records, settings={})
+    side = SideResult(
+        kind="graceful", balancer="nginx", report=report, terminations=[], budget_limit=8.0, connect_errors=0
+    )
+    side.reloads = [100.0]
+    assert reload_losses(side) == 1
+    options = Options.resolve(scenario="strict-clients", quick=True, balancer="nginx")
+    summary = side_summary(side, options)
+    assert summary["reload_losses"] == 1
+    broken = expectations(summary, options)
+    assert "ambiguous=1 (not at a reload)" in broken and "truncated=1" in broken
+    assert any(item.startswith("failed=2 ") for item in broken)
+    side.reloads = []
+    assert reload_losses(side) == 0

@@ -9,7 +9,7 @@ from graceful._soak_report import LOSSES, REASONS
 from .balancer import L7_BALANCERS
 from .scenarios import Options, SideResult
 
-__all__ = ["attribute_losses", "expectations", "render", "side_summary"]
+__all__ = ["attribute_losses", "expectations", "reload_losses", "render", "side_summary"]
 
 
 def attribute_losses(side: SideResult, window: float) -> dict[str, int]:
