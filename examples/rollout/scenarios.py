@@ -100,7 +100,9 @@ class Options:
             wait = user.get("propagation_wait", delay + 1.0)
             options = replace(options, lb_delay=delay, propagation_wait=wait)
             if "grace_period" not in user:
-                room = wait + options.longest_stream + 2.0
+                # Admitting, a connection busy at drain start may bring one more request (2 x longest).
+                streams = 2 if options.admit_during_propagation else 1
+                room = wait + streams * options.longest_stream + 2.0
                 grace = room + (options.reserve if options.reserve is not None else max(10.0, 0.5 * room))
                 options = replace(options, grace_period=grace)
         elif scenario == "observed-propagation":
