@@ -16,6 +16,7 @@ workers serve new requests from then on; the old ones finish what they hold and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -49,7 +50,7 @@ class Nginx:
         self._servers: dict[str, int] = {}
         self._process: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
-        self.reloads: list[float] = []  # wall-clock time of each reload
+        self._retired: list[tuple[float, list[str]]] = []  # per reload: its wall-clock time, the old workers
 
     def config(self) -> str:
         d = self.directory
@@ -154,7 +155,7 @@ http {{
         log = self.log_text()
         old = _workers(log)
         self._write()
-        self.reloads.append(time.time())
+        self._retired.append((time.time(), old))
         os.kill(self._process.pid, signal.SIGHUP)
         await self._workers_started(log.count(WORKERS_STARTED) + 1, since=len(log))
         deadline = time.monotonic() + 10
@@ -183,6 +184,23 @@ http {{
             for line in self.log_text().splitlines()
             if "connect() failed" in line and "while connecting to upstream" in line
         )
+
+    def reload_windows(self) -> list[tuple[float, float]]:
+        """Per reload, the wall-clock span from the SIGHUP until its old workers had exited.
+
+        While an old worker exits it closes every client connection it holds, idle or just
+        done with a response that promised keep-alive; a request a client sends on one of
+        them at that instant is lost (no response), whatever the replicas do. The log has
+        1 s resolution, hence the extra second; a worker still running ends its span now.
+        """
+        exits: dict[str, float] = {}
+        for line in self.log_text().splitlines():
+            _, found, rest = line.partition(": worker process ")
+            if found and " exited" in rest:
+                with contextlib.suppress(ValueError):
+                    exits[rest.split()[0]] = time.mktime(time.strptime(line[:19], "%Y/%m/%d %H:%M:%S")) + 1.0
+        now = time.time()
+        return [(start, max((exits.get(pid, now) for pid in old), default=start)) for start, old in self._retired]
 
     async def close(self) -> None:
         await stop_group(self._process)

@@ -30,20 +30,19 @@ def attribute_losses(side: SideResult, window: float) -> dict[str, int]:
     return counts
 
 
-# An nginx reload's old workers close their idle client connections at once; a request
-# already on its way on one is lost (a reset, no response). It follows the reload within
-# milliseconds and happens whatever the replicas do.
-RELOAD_WINDOW = 1.0
-
-
 def reload_losses(side: SideResult) -> int:
-    """Requests that ended ``ambiguous`` with no response byte within ``RELOAD_WINDOW`` s after an nginx reload."""
+    """Requests that ended ``ambiguous`` with no response header while an nginx reload's old workers exited.
+
+    nginx sits between the client and the replica: when a replica fails, nginx answers
+    (502, 504). A client connection that ends with no answer at all was closed by nginx
+    itself, which its old workers do to every connection they hold while they exit.
+    """
     count = 0
     for record in side.report.records:
         attempt = record.history[-1] if record.history else None
         if record.reason != "ambiguous" or attempt is None or attempt.headers:
             continue
-        if any(reload <= attempt.end <= reload + RELOAD_WINDOW for reload in side.reloads):
+        if any(start <= attempt.end <= end for start, end in side.reloads):
             count += 1
     return count
 

@@ -16,7 +16,7 @@ import httpx
 from graceful import ConfigError
 from graceful.soak import RequestRecord, SoakConfig, SoakReport, run_soak
 
-from .balancer import L7_BALANCERS, open_balancer
+from .balancer import L7_BALANCERS, Nginx, open_balancer
 from .replica import Kind, ReplicaSettings
 from .timeline import Plan, Rollout, Termination
 
@@ -221,7 +221,7 @@ class SideResult:
     walkaways: int = 0
     lost_executions: int = 0
     notes: list[str] = field(default_factory=list)
-    reloads: list[float] = field(default_factory=list)  # nginx: wall-clock reload times
+    reloads: list[tuple[float, float]] = field(default_factory=list)  # nginx: reload start, old workers gone
 
 
 async def run_side(
@@ -294,7 +294,7 @@ async def run_side(
             budget_limit=rollout.budget.limit,
             connect_errors=await balancer.backend_connect_errors(),
             walkaways=walkaways,
-            reloads=list(getattr(balancer, "reloads", [])),
+            reloads=balancer.reload_windows() if isinstance(balancer, Nginx) else [],
             lost_executions=lost,
             notes=notes,
         )
