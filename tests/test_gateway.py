@@ -255,7 +255,8 @@ async def test_admit_default_loses_nothing_over_a_small_rollout(kind: str) -> No
 async def test_observed_propagation_ends_one_quiet_period_after_the_balancer_forgets(kind: str) -> None:
     """1. replica a drains with --propagation-wait 30s --propagation-quiet 2s, b keeps serving,
     strict POST clients 2. the balancer forgets a 3 s after T0 3. a's propagation phase ends
-    within 3 + 2 + 1 s, one quiet period after its last request 4. 0 failed requests."""
+    one quiet period after its last request, within quiet + 1 s of the balancer forgetting it (3 + 2 + 1 s
+    after T0 when the balancer is prompt) 4. 0 failed requests."""
     stop, outcomes = anyio.Event(), Outcomes()
     async with (
         replica("a") as a,
@@ -271,16 +272,20 @@ async def test_observed_propagation_ends_one_quiet_period_after_the_balancer_for
             await b.when(200, 10).wait()
         with anyio.fail_after(20):
             async with anyio.create_task_group() as drain:
+                t0 = anyio.current_time()
                 drain.start_soon(partial(a.app.drain.drain, reason="prestop", propagation_wait=30, propagation_quiet=2))
                 await anyio.sleep(3.0)  # the balancer's delay: part of the scenario
                 await balancer.remove("a")
+                # An nginx reload takes a moment, longer on a busy machine: the bound counts
+                # from the instant the balancer has forgotten the endpoint (3 s when idle).
+                forgot = anyio.current_time() - t0
         stop.set()
     result = a.app.drain.last_result
     assert result is not None and result.drained
     assert result.propagation is not None and result.last_request is not None
     assert result.last_request >= 2.5  # traffic came until the balancer forgot a
     assert result.propagation == pytest.approx(result.last_request + 2.0, abs=0.1)
-    assert result.propagation <= 3 + 2 + 1
+    assert result.propagation <= forgot + 2 + 1, forgot
     assert a.app.drain.propagation_durations == [pytest.approx(result.last_request, abs=0.01)]
     assert outcomes.failures == Counter(), outcomes.seen
 
