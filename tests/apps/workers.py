@@ -21,7 +21,7 @@ import anyio
 from starlette.applications import Starlette
 
 from graceful import GracefulMiddleware
-from tests.apps_streaming import app as streaming_app
+from tests.apps.streaming import app as streaming_app
 
 
 def chunk(data: bytes) -> bytes:
