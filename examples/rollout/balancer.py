@@ -43,12 +43,6 @@ class Balancer(Protocol):
     async def backend_connect_errors(self) -> int: ...
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class HAProxy:
     """An HAProxy process in ``mode tcp`` with ``slots`` pre-declared servers, all in maintenance at first.
 
@@ -67,6 +61,7 @@ class HAProxy:
         self._slot_of: dict[str, str] = {}
         self._free = [f"s{i}" for i in range(1, slots + 1)]
         self._process: asyncio.subprocess.Process | None = None
+        self._listener: socket.socket | None = None
 
     def config(self) -> str:
         servers = "\n".join(f"    server {slot} 127.0.0.1:9 disabled" for slot in self._free)
@@ -84,7 +79,7 @@ defaults
     retries 0
 
 frontend service
-    bind 127.0.0.1:{self.port}
+    bind fd@{self._listener.fileno() if self._listener else -1}
     default_backend pods
 
 backend pods
@@ -93,7 +88,10 @@ backend pods
 """
 
     async def start(self) -> None:
-        self.port = _free_port()
+        # HAProxy inherits a socket bound here (bind fd@N): no other process can take the port meanwhile.
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
         path = os.path.join(self.directory, "haproxy.cfg")
         with open(path, "w", encoding="utf-8") as out:
             out.write(self.config())
@@ -106,7 +104,9 @@ backend pods
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            pass_fds=(self._listener.fileno(),),
         )
+        self._listener.close()  # HAProxy holds its own copy
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self._process.returncode is not None:
