@@ -12,7 +12,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -507,12 +507,50 @@ def test_stale_sockets_not_named_by_pid_are_removed_but_live_ones_kept(socket_di
         assert os.path.exists(live)
 
 
-@pytest.mark.skipif(os.getuid() == 0, reason="root may signal any process: no PermissionError to see")
+def unprivileged(check: Callable[[str], str], socket_dir: str) -> str:
+    """Run ``check(directory)`` in a forked child that is not root (``nobody`` when this process
+    is root: root may signal any process and unlink anywhere) and return what it returned. The
+    directory is a fresh one that child owns; a failure in the child is raised here."""
+    user = 65534 if os.getuid() == 0 else os.getuid()
+    path = os.path.join(socket_dir, "unprivileged")
+    os.mkdir(path, 0o700)
+    os.chmod(socket_dir, 0o711)  # the child may pass through to its own directory
+    os.chown(path, user, user if user == 65534 else -1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's coverage is not collected
+        code = 1
+        try:
+            os.close(read)
+            if os.getuid() == 0:
+                os.setgroups([])
+                os.setgid(user)
+                os.setuid(user)
+            answer = "ok " + check(path)
+            code = 0
+        except BaseException as exc:
+            answer = f"error {exc!r}"
+        finally:
+            os.write(write, answer.encode())
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answer = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer.startswith("ok "), answer
+    return answer.removeprefix("ok ")
+
+
 def test_socket_of_a_process_owned_by_someone_else_is_kept(socket_dir: str) -> None:
-    path = os.path.join(socket_dir, "1.sock")  # pid 1 runs, and belongs to root
-    with bound(path):
-        assert remove_stale(socket_dir) == []
-        assert os.path.exists(path)
+    """Pid 1 runs and belongs to root: a process that may not signal it must keep its socket."""
+
+    def check(directory: str) -> str:
+        assert os.getuid() != 0
+        path = os.path.join(directory, "1.sock")
+        with bound(path):
+            return f"{remove_stale(directory)} {os.path.exists(path)}"
+
+    assert unprivileged(check, socket_dir) == "[] True"
 
 
 def test_stale_socket_removed_by_a_sibling_first_is_not_an_error(
@@ -550,16 +588,30 @@ async def test_successor_socket_is_left_alone_at_shutdown(socket_dir: str) -> No
         successor.close()
 
 
-@pytest.mark.skipif(os.getuid() == 0, reason="root may unlink in a read-only directory")
-async def test_socket_that_cannot_be_removed_is_logged(socket_dir: str, caplog: pytest.LogCaptureFixture) -> None:
-    server = AdminServer(Drain(grace_period=6, reserve=1), socket_dir=socket_dir)
-    with caplog.at_level(logging.WARNING, logger="graceful"):
-        async with anyio.create_task_group() as tg:
-            await tg.start(server.serve)
-            os.chmod(socket_dir, 0o500)
-            tg.cancel_scope.cancel()
-    os.chmod(socket_dir, 0o700)
-    assert any("could not remove admin socket" in r.getMessage() for r in caplog.records)
+def test_socket_that_cannot_be_removed_is_logged(socket_dir: str) -> None:
+    """1. the admin socket is up 2. its directory turns read-only 3. on exit the socket cannot be
+    removed: one warning names it (run by a user who, unlike root, is held to the mode)."""
+
+    def check(directory: str) -> str:
+        assert os.getuid() != 0
+        records: list[str] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("graceful").addHandler(handler)
+
+        async def main() -> None:
+            server = AdminServer(Drain(grace_period=6, reserve=1), socket_dir=directory)
+            async with anyio.create_task_group() as tg:
+                await tg.start(server.serve)
+                os.chmod(directory, 0o500)
+                tg.cancel_scope.cancel()
+            os.chmod(directory, 0o700)
+
+        anyio.run(main)
+        return "\n".join(records)
+
+    warnings = unprivileged(check, socket_dir)
+    assert f"could not remove admin socket {socket_dir}/unprivileged/" in warnings, warnings
 
 
 # --- the listener under pressure ---------------------------------------------------------

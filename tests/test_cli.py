@@ -158,19 +158,22 @@ def test_metric_alone_means_engine_mode_and_asks_for_the_url() -> None:
     assert "url" in result.output.lower()
 
 
-def test_engine_mode_gets_the_70_percent_rule_not_the_server_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
-    import graceful._cli_engine
+def test_engine_mode_gets_the_70_percent_rule_not_the_server_reserve() -> None:
+    """1. a vLLM page that stays busy, served on 127.0.0.1 2. `graceful drain --engine vllm
+    --grace-period 1 --timeout 25s` runs the real engine drain 3. its budget is 70% of the grace
+    period (0.7 s), not grace - reserve (0.5 s) nor the timeout 4. it ends at that budget, exit 1."""
+    from tests.test_engine import BUSY, threaded_engine
 
-    seen: dict[str, object] = {}
-
-    def fake_engine_drain(**options: object) -> int:  # records what the CLI hands over, nothing else
-        seen.update(options)
-        return 0
-
-    monkeypatch.setattr(graceful._cli_engine, "run_engine_drain", fake_engine_drain)
-    result = invoke("drain", "--engine", "vllm", "--grace-period", "30", "--timeout", "25s")
-    assert result.exit_code == 0, result.output
-    assert seen["timeout"] == 25.0 and seen["grace_period"] == 30.0
+    with threaded_engine(BUSY) as url:
+        started = time.monotonic()
+        result = invoke("drain", "--engine", "vllm", "--metrics-url", url, "--grace-period", "1", "--timeout", "25s",
+                        "--interval", "100ms", "--json")  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    outcome = json.loads(result.stdout)
+    assert outcome["result"] == "timeout" and outcome["limit"] == pytest.approx(0.7)
+    assert 0.7 <= outcome["duration"] and elapsed < 7.0  # a 10x safety bound
+    assert "budget of 0.7s ran out with running=1 waiting=0" in result.stderr
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -379,7 +382,9 @@ def test_ctrl_c_during_a_drain_prints_aborted_and_exits_1(fake: list[FakeWorker]
     drain = run_graceful("drain", "--socket-dir", socket_dir)
     try:
         assert worker.got_request.wait(15)
-        time.sleep(0.2)  # the request is out; the client now waits on the stream
+        assert drain.stderr is not None
+        progress = drain.stderr.readline()  # the client has read the status line and waits on the stream
+        assert progress.startswith("draining 1 worker"), progress
         drain.send_signal(signal.SIGINT)
         out, err = drain.communicate(timeout=10)
     finally:

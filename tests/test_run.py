@@ -392,12 +392,15 @@ def test_workers_without_admin_sockets_still_stop(launch: Callable[..., Launched
     assert glob.glob(os.path.join(server.socket_dir, "*.sock")) == []
 
 
-def test_sigterm_during_startup_exits_without_draining(launch: Callable[..., Launched]) -> None:
-    """1. the app's startup takes 1.5 s 2. SIGTERM arrives while the drain is STARTING
-    3. no drain runs: the process exits 0 once startup returns."""
-    server = launch(app="tests.apps.workers:slow_start")
+def test_sigterm_during_startup_exits_without_draining(launch: Callable[..., Launched], tmp_path: Path) -> None:
+    """1. the app's startup lasts until the test lets it end 2. SIGTERM arrives while the drain is
+    STARTING 3. no drain runs: the process exits 0 once startup returns."""
+    release = tmp_path / "release"
+    server = launch(app="tests.apps.workers:slow_start", SLOW_START_RELEASE=str(release))
     server.wait_log("slow startup begins")
     server.process.send_signal(signal.SIGTERM)
+    server.wait_log("SIGTERM received while STARTING: exiting")
+    release.touch()
     assert server.wait_exit(10) == 0
     assert "SIGTERM received while STARTING: exiting" in server.log
     assert "draining" not in server.log
