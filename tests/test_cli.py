@@ -372,6 +372,31 @@ def run_graceful(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def test_worker_resumed_during_the_drain_exits_1(served: Served) -> None:
+    """1. a 3 s stream keeps the drain open 2. `graceful drain` waits on it 3. `graceful resume`
+    4. the drain exits 1 at once, naming the worker as resumed, and the worker serves again."""
+    thread, outcome = served.stream_in_background(frames=30)
+    drain = run_graceful("drain", "--socket-dir", served.socket_dir)
+    try:
+        assert drain.stderr is not None
+        progress = drain.stderr.readline()  # the drain is under way
+        assert progress.startswith("draining 1 worker: 1 in flight"), progress
+        resumed = invoke("resume", "--socket-dir", served.socket_dir)
+        assert resumed.exit_code == 0, resumed.output
+        out, err = drain.communicate(timeout=15)
+        assert served.mw.drain.in_flight == 1  # it did not wait for the stream
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+            drain.communicate()
+    assert drain.returncode == 1, err
+    assert f"worker {os.getpid()}: resumed with 1 in flight" in err
+    assert "drained 0 of 1 worker" in err
+    assert served.mw.drain.state is State.SERVING
+    thread.join(15)
+    assert isinstance(outcome[0], str) and outcome[0].endswith("done\n")
+
+
 def test_ctrl_c_during_a_drain_prints_aborted_and_exits_1(fake: list[FakeWorker], socket_dir: str) -> None:
     """1. a worker that never finishes its drain 2. `graceful drain` waits 3. Ctrl-C (SIGINT)
     4. "Aborted!" on stderr, exit 1, no traceback."""

@@ -117,6 +117,36 @@ async def test_drain_returns_the_moment_the_last_job_ends() -> None:
     assert drain.counters()["drains"] == {"drained": 1}
 
 
+async def test_begin_drain_clamps_a_timeout_above_grace_minus_reserve() -> None:
+    """grace 1 s - reserve 0.5 s leaves 0.5 s: a requested 100 s timeout is cut to it, so a job
+    that never ends is cut at 0.5 s; a shorter timeout is kept as asked."""
+    drain = Drain(grace_period=1, reserve=0.5)
+    drain.mark_serving()
+    stuck = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def job() -> None:
+            async with drain.track("stuck"):
+                await stuck.wait()
+
+        tg.start_soon(job)
+        await anyio.wait_all_tasks_blocked()
+        assert drain.begin_drain("preStop", timeout=100)
+        status = drain.status()
+        assert status.deadline is not None and status.drain_started is not None
+        assert status.deadline - status.drain_started == pytest.approx(0.5)
+        with anyio.fail_after(5):  # a 10x safety bound
+            result = await drain.drain()
+    assert result.result == "timeout" and result.truncated == 1
+    assert result.deadline - result.started_at == pytest.approx(0.5)
+    shorter = Drain(grace_period=10, reserve=2)
+    shorter.mark_serving()
+    shorter.begin_drain("preStop", timeout=3)
+    status = shorter.status()
+    assert status.deadline is not None and status.drain_started is not None
+    assert status.deadline - status.drain_started == pytest.approx(3.0)
+
+
 async def test_drain_honours_the_propagation_wait_when_idle() -> None:
     drain = serving()
     started = time.monotonic()
