@@ -95,7 +95,7 @@ def test_status_fields_before_during_and_after_a_drain() -> None:
     assert during.last_request is None
     drain.admits()  # a new request during the propagation phase is recorded
     arrived = drain.status().last_request
-    assert arrived is not None and during.drain_started <= arrived < during.drain_started + 1
+    assert arrived is not None and during.drain_started - 1e-6 <= arrived < during.drain_started + 1
     drain.resume()
     assert drain.status().drain_started is None  # resumed: no drain to show
     drain.mark_stopped()
@@ -124,7 +124,7 @@ async def test_result_fields_of_a_drained_run() -> None:
     assert result.truncated == 0 and result.leftover == ()
     assert result.propagation == pytest.approx(0.1, abs=0.05)
     assert result.last_request is None
-    assert 0.1 <= result.duration < 1.0 + 1.0  # 10x safety bound
+    assert 0.1 - 1e-3 <= result.duration < 1.0 + 1.0  # 10x safety bound
     assert drain.drain_durations == [result.duration]
     assert drain.propagation_durations == [0.0]  # no new request came during the phase
     assert drain.counters()["drains"] == {"drained": 1}
@@ -178,7 +178,7 @@ async def test_quiet_rule_ends_the_phase_after_the_last_arrival(caplog: pytest.L
     assert result.drained
     assert result.last_request is not None and result.propagation is not None
     assert result.propagation == pytest.approx(result.last_request + 0.3)
-    assert 0.4 <= result.propagation < 1.0
+    assert 0.4 - 1e-3 <= result.propagation < 1.0
     [line] = [m for m in messages(caplog) if m.startswith("propagation phase over")]
     pattern = (
         r"propagation phase over (\d+\.\d{3})s after drain start \(no new request for 0\.3s\); "
@@ -194,7 +194,7 @@ async def test_quiet_rule_without_arrivals_counts_from_the_drain_start() -> None
     drain = serving(propagation_wait=10)
     with anyio.fail_after(5):
         result = await drain.drain(propagation_quiet=0.2, timeout=20)
-    assert result.propagation is not None and 0.2 <= result.propagation < 2.0
+    assert result.propagation == pytest.approx(0.2)  # the quiet period counted from the drain start
     assert result.last_request is None
 
 
@@ -413,7 +413,7 @@ async def test_expiry_waits_for_work_to_unwind_up_to_unwind_timeout(caplog: pyte
     assert unwound == ["slow"]
     assert result.result == "timeout" and result.in_flight == 2 and result.truncated == 2
     assert [re.sub(r"\(\d+\.\ds\)", "(age)", item) for item in result.leftover] == ["job slow (age)", "job stuck (age)"]
-    assert 0.1 + 0.5 <= waited < 6.0
+    assert 0.1 + 0.5 - 1e-3 <= waited < 6.0
     lines = messages(caplog)
     assert "drain deadline passed: ending 2 request(s) still in flight" in lines
     [summary] = [line for line in lines if line.startswith("drain timeout:")]
