@@ -445,3 +445,18 @@ async def test_the_leader_finishes_when_its_caller_is_cancelled() -> None:
         with anyio.fail_after(5):
             result = await drain.drain()
     assert result.drained and drain.counters()["drains"] == {"drained": 1}
+
+
+def test_settings_are_what_a_drain_with_these_overrides_would_use() -> None:
+    drain = serving(propagation_wait=10, propagation_quiet=2)
+    assert drain.settings() == (10.0, 2.0, 25.0)
+    assert drain.settings(propagation_wait="1s", propagation_quiet="500ms", timeout="3s") == (1.0, 0.5, 3.0)
+    assert drain.settings(timeout=100) == (10.0, 2.0, 25.0)  # never past grace - reserve
+
+
+def test_stopped_admits_nothing_even_inside_the_propagation_wait() -> None:
+    drain = serving()
+    drain.begin_drain("preStop", propagation_wait=5, timeout=10)
+    assert drain.admits() is True  # admitted during the wait (the default)
+    drain.mark_stopped()
+    assert drain.admits() is False
