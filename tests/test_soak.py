@@ -476,7 +476,7 @@ async def test_retry_after_between_0_and_60_seconds_sets_the_wait(retry_after: s
     if honoured:
         assert float(retry_after) - 0.05 <= wait < float(retry_after) + 1.0
     else:
-        assert wait < 0.3
+        assert wait < 1.0  # the 10 ms backoff with a wide safety bound, not 120 s nor a date
 
 
 async def test_refused_then_the_server_comes_up_and_the_retry_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
