@@ -11,7 +11,8 @@ import time
 import anyio
 import pytest
 
-from graceful import Budget, Drain, DrainResult, State
+from graceful import Budget, ConfigError, Drain, DrainResult, State
+from graceful._budget import check_quiet
 from graceful._ledger import COMPLETED, Tracked
 
 pytestmark = pytest.mark.anyio
@@ -460,3 +461,103 @@ def test_stopped_admits_nothing_even_inside_the_propagation_wait() -> None:
     assert drain.admits() is True  # admitted during the wait (the default)
     drain.mark_stopped()
     assert drain.admits() is False
+
+
+async def test_after_the_phase_ends_it_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Reading the status after the propagation phase (as /status does) neither moves its end
+    nor records it again."""
+    drain = serving()
+    with caplog.at_level(logging.INFO, logger="graceful"):
+        result = await drain.drain(propagation_wait=0.05, timeout=5)
+        first = drain.status()
+        second = drain.status()
+    assert first.propagation_until == second.propagation_until
+    assert result.propagation is not None
+    assert first.propagation_until == pytest.approx(result.started_at + result.propagation)
+    assert drain.propagation_durations == [0.0]
+    assert len([m for m in messages(caplog) if m.startswith("propagation phase over")]) == 1
+
+
+async def test_a_drain_that_ends_inside_the_wait_has_no_propagation_time() -> None:
+    drain = serving()
+    async with anyio.create_task_group() as tg:
+
+        async def resume_soon() -> None:
+            await anyio.wait_all_tasks_blocked()
+            drain.resume()
+
+        tg.start_soon(resume_soon)
+        resumed = await drain.drain(propagation_wait=5, timeout=10)
+    assert resumed.result == "resumed" and resumed.propagation is None
+    cut = serving()
+    with anyio.fail_after(5):
+        timeout = await cut.drain(propagation_wait=10, timeout=0.1)  # the deadline comes first
+    assert timeout.result == "timeout" and timeout.in_flight == 0 and timeout.propagation is None
+    assert cut.propagation_durations == []
+
+
+async def test_the_leader_sleeps_through_the_wait_for_work_in_flight() -> None:
+    """After the propagation phase, with work in flight, the run re-checks nothing until a
+    release or the deadline wakes it: it is asleep, not spinning."""
+    drain = serving()
+    release = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold, drain, release)
+        await anyio.wait_all_tasks_blocked()
+        drain.begin_drain("preStop", propagation_wait=0.05, timeout=10)
+        run = drain._run
+        assert run is not None
+        checks = 0
+        propagation_end = run.propagation_end
+
+        def counting(now: float) -> float:
+            nonlocal checks
+            checks += 1
+            return propagation_end(now)
+
+        run.propagation_end = counting  # type: ignore[method-assign]
+        tg.start_soon(drain.drain)
+        await anyio.sleep(0.1)  # past the propagation end
+        before = checks
+        await anyio.sleep(0.2)
+        assert checks - before == 0, checks
+        release.set()
+    assert drain.last_result is not None and drain.last_result.drained
+
+
+async def test_a_hook_with_no_time_left_is_cut_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    reached: list[str] = []
+
+    async def on_drained() -> None:
+        await anyio.sleep(0)
+        reached.append("past the first await")
+
+    drain = serving(hook_timeout=0, on_drained=on_drained)
+    with caplog.at_level(logging.WARNING, logger="graceful"):
+        await drain.drain(timeout=1)
+    assert reached == []
+    assert messages(caplog) == ["on_drained hook overran its 0.0s budget and was cut off"]
+
+
+async def test_track_names_its_work_job_by_default() -> None:
+    drain = serving()
+    release = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def job() -> None:
+            async with drain.track():
+                await release.wait()
+
+        tg.start_soon(job)
+        await anyio.wait_all_tasks_blocked()
+        result = await drain.drain(timeout=0.05)
+    assert [item.rsplit(" (", 1)[0] for item in result.leftover] == ["job job"]
+
+
+def test_check_quiet_shows_the_value_when_not_told_how_it_was_written() -> None:
+    with pytest.raises(ConfigError) as info:
+        check_quiet(0.0, 5.0)
+    assert str(info.value).startswith("propagation_quiet: 0.0 must be above 0;")
+    with pytest.raises(ConfigError) as info:
+        check_quiet(0.0, 5.0, given="0ms")
+    assert str(info.value).startswith("propagation_quiet: '0ms' must be above 0;")
