@@ -5,6 +5,9 @@ to take it: hypercorn and gunicorn inherit a socket bound and listening here (``
 uvicorn and ``graceful run`` bind port 0 and name the port in their start-up log line;
 granian (which takes neither) binds port 0 and the port is read back from the process's own
 listening socket in ``/proc``.
+
+``Served`` is the in-process counterpart the ``served`` fixture yields: a middleware under
+uvicorn in a thread of this process.
 """
 
 from __future__ import annotations
@@ -176,6 +179,8 @@ class Launched:
 
 @dataclass
 class Served:
+    """A ``GracefulMiddleware`` under uvicorn in a thread of this process, on ``port``."""
+
     mw: GracefulMiddleware
     port: int
     socket_dir: str

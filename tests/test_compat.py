@@ -89,18 +89,20 @@ def drain_during_streams(
          "--timeout", "20s"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 10
-    ready = 200
-    while ready != 503 and time.monotonic() < deadline:  # the drain command needs a moment to start
-        ready = httpx.get(server.base + "/ready", timeout=2).status_code
-    assert ready == 503
-    # The app streams until it sees the drain, so these were in flight when it began.
-    assert not any(frames and frames[-1] == "data: [DONE]" for frames in results)
-    # Every worker is draining, whichever one answers.
-    for _ in range(6):
-        with httpx.Client(timeout=5, http1=not http2, http2=http2) as fresh:
-            assert_full_refusal(fresh.post(server.base + "/short"), http2=http2)
-    out, err = drain.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 10
+        ready = 200
+        while ready != 503 and time.monotonic() < deadline:  # the drain command needs a moment to start
+            ready = httpx.get(server.base + "/ready", timeout=2).status_code
+        assert ready == 503
+        # The app streams until it sees the drain, so these were in flight when it began.
+        assert not any(frames and frames[-1] == "data: [DONE]" for frames in results)
+        # Every worker is draining, whichever one answers.
+        for _ in range(6):
+            with httpx.Client(timeout=5, http1=not http2, http2=http2) as fresh:
+                assert_full_refusal(fresh.post(server.base + "/short"), http2=http2)
+    finally:  # a failed check must not leave the drain command running
+        out, err = drain.communicate(timeout=30)
     for thread in threads:
         thread.join(10)
     for frames in results:
