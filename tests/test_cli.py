@@ -373,14 +373,15 @@ def run_graceful(*args: str) -> subprocess.Popen[str]:
 
 
 def test_worker_resumed_during_the_drain_exits_1(served: Served) -> None:
-    """1. a 3 s stream keeps the drain open 2. `graceful drain` waits on it 3. `graceful resume`
-    4. the drain exits 1 at once, naming the worker as resumed, and the worker serves again."""
-    thread, outcome = served.stream_in_background(frames=30)
+    """1. a 6 s stream keeps the drain open 2. `graceful drain` reaches the server 3. `graceful
+    resume` 4. the drain exits 1 at once, naming the worker as resumed, and the worker serves again."""
+    thread, outcome = served.stream_in_background(frames=60)
     drain = run_graceful("drain", "--socket-dir", served.socket_dir)
     try:
-        assert drain.stderr is not None
-        progress = drain.stderr.readline()  # the drain is under way
-        assert progress.startswith("draining 1 worker: 1 in flight"), progress
+        deadline = time.monotonic() + 15
+        while served.mw.drain.state is not State.DRAINING:  # the drain has reached the server
+            assert time.monotonic() < deadline and drain.poll() is None, "the drain never began"
+            time.sleep(0.01)
         resumed = invoke("resume", "--socket-dir", served.socket_dir)
         assert resumed.exit_code == 0, resumed.output
         out, err = drain.communicate(timeout=15)
@@ -408,8 +409,12 @@ def test_ctrl_c_during_a_drain_prints_aborted_and_exits_1(fake: list[FakeWorker]
     try:
         assert worker.got_request.wait(15)
         assert drain.stderr is not None
-        progress = drain.stderr.readline()  # the client has read the status line and waits on the stream
-        assert progress.startswith("draining 1 worker"), progress
+        # Once a progress line shows the worker's 2 in flight, the client has read the status
+        # line and waits on the stream (lines before that may still show 0).
+        progress = ""
+        while not progress.startswith("draining 1 worker: 2 in flight"):
+            progress = drain.stderr.readline()
+            assert progress, "graceful drain ended before its status line"
         drain.send_signal(signal.SIGINT)
         out, err = drain.communicate(timeout=10)
     finally:
