@@ -138,12 +138,17 @@ class SoakReport:
         return dict(sorted(Counter(record.served_by or "-" for record in self.records).items()))
 
     def duplicates(self) -> list[str]:
-        """Idempotency keys executed more than once, by the server's counts or by fresh 2xx answers."""
+        """Idempotency keys executed more than once, by the server's counts or by fresh 2xx answers.
+
+        A continuation carries its stream's key and runs only the rest of the answer: each
+        resume adds one expected execution of the key (on another replica).
+        """
         keys = []
         for record in self.records:
             seen = sum(1 for attempt in record.history if attempt.executed)
+            runs = sum(1 + attempt.resumes for attempt in record.history if attempt.executed)
             counted = self.executions.get(record.idempotency_key, 0) if self.executions is not None else 0
-            if seen > 1 or counted > 1:
+            if seen > 1 or counted > max(1, runs):
                 keys.append(record.idempotency_key)
         return keys
 
