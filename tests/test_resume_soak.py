@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 import anyio
+import anyio.abc
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -155,3 +157,50 @@ def test_cli_max_resumes_needs_resume() -> None:
     assert result.exit_code == 2
     assert "--max-resumes 5 only applies with --resume; add --resume or drop it" in result.output
     assert "Traceback" not in result.output
+
+
+async def _one_request(connection: anyio.abc.SocketStream, body: bytes, extra: str) -> bytes:
+    """Send one POST on a connection opened before the drain; return the response head."""
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: a\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{extra}\r\n"
+    )
+    await connection.send(head.encode() + body)
+    data = b""
+    with anyio.fail_after(10):
+        while b"\r\n\r\n" not in data:
+            data += await connection.receive()
+    return data.split(b"\r\n\r\n")[0].lower()
+
+
+async def test_a_handing_off_replica_refuses_a_resumable_request_it_would_only_hand_off() -> None:
+    """1. replica A drains with handoff; a plain stream (not resumable) keeps the drain running
+    2. once the handoff has begun, two connections opened before the drain (pinned: each may
+       bring one more request) send a request each
+    3. the resumable stream is refused with a 503 marked not started, so its client goes on
+       elsewhere without spending a resume; the plain request is served."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "count"}]}
+    async with replica("a", handoff_streams=True) as a:
+        drain = a.app.drain
+        pinned = [await anyio.connect_tcp("127.0.0.1", a.port) for _ in range(2)]
+        for connection in pinned:
+            drain.pinned.add(connection.extra(anyio.abc.SocketAttribute.local_address))
+        async with anyio.create_task_group() as tg, httpx.AsyncClient(timeout=30) as client:
+            body = {**chat, "max_tokens": 400, "stream": True}
+            async with client.stream("POST", f"http://127.0.0.1:{a.port}/v1/chat/completions", json=body) as held:
+                with anyio.fail_after(10):
+                    await anext(held.aiter_lines())  # its first event: the stream runs
+                tg.start_soon(drain.drain)
+                with anyio.fail_after(10):
+                    while not drain.handing_off:
+                        await anyio.sleep(0.01)
+                stream = json.dumps({**chat, "max_tokens": 40, "stream": True}).encode()
+                refused = await _one_request(pinned[0], stream, "x-graceful-resumable: 1\r\n")
+                plain = json.dumps({**chat, "max_tokens": 2}).encode()
+                served = await _one_request(pinned[1], plain, "")
+            # Leaving the held stream ends the last request in flight: the drain finishes.
+        for connection in pinned:
+            await connection.aclose()
+    assert refused.startswith(b"http/1.1 503") and b"x-graceful-not-started" in refused
+    assert served.startswith(b"http/1.1 200") and b"connection: close" in served
+    assert drain.counters()["requests"]["handed_off"] == 0
