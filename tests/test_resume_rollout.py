@@ -32,6 +32,8 @@ def test_the_scenario_is_long_streams_with_handoff_and_resume() -> None:
     assert handoff.settings("graceful", "/tmp").environment("x", "/tmp")["GRACEFUL_HANDOFF_STREAMS"] == "1"
     assert "GRACEFUL_HANDOFF_STREAMS" not in long.settings("graceful", "/tmp").environment("x", "/tmp")
     assert all(config.resume for config in handoff.traffic("http://127.0.0.1:9"))
+    full = Options.resolve(scenario="long-streams-handoff")
+    assert {config.max_resumes for config in full.traffic("http://127.0.0.1:9")} == {full.replicas * full.updates}
 
 
 async def test_quick_long_streams_handoff_keeps_its_promise() -> None:

@@ -161,6 +161,10 @@ class Options:
         per_stream = max(1, (self.concurrency - plain) // streams)
         timeout = self.longest_stream * 2 + 15
         common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout, "resume": self.resume}
+        if self.resume:
+            # A stream longer than the rollout's step may meet several deletions, each handing it
+            # off once (a replica refuses continuations once it hands off): one resume per deletion.
+            common["max_resumes"] = max(3, self.replicas * self.updates)
         configs = [
             SoakConfig(
                 concurrency=plain,
