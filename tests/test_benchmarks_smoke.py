@@ -1,13 +1,14 @@
 """Each benchmark script runs end to end at tiny sizes and prints its Markdown tables.
 
-Timings are never asserted here (benchmarks are not tests, see issue 9); only that the
-scripts still work against the current code and report every figure against its target.
+Timings are never asserted here (benchmarks are not tests); only that the scripts still
+work against the current code and report every figure against its target.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+from typing import Any
 
 import pytest
 
@@ -73,12 +74,22 @@ def test_e2e(capsys: pytest.CaptureFixture[str]) -> None:
     assert "| short |" in out
 
 
-def test_instructions_child_runs_every_variant() -> None:
-    """The callgrind script itself needs valgrind and minutes; its measured code runs here."""
+def test_instructions_child_runs_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callgrind script itself needs valgrind and minutes; its measured code runs here and
+    sends every request whole: 5 requests of a start, 3 frames and the closing body."""
     from benchmarks import instructions
 
     for variant in [*list(inprocess.VARIANTS)[:3], instructions.NO_REQUEST_ID]:
+        sent: list[Any] = []
+
+        async def record(message: Any) -> None:
+            sent.append(message)
+
+        monkeypatch.setattr(instructions, "sink", record)
         instructions.child(variant, 3, 5)
+        kinds = [(m["type"], m.get("status"), m.get("more_body")) for m in sent]
+        one = [("http.response.start", 200, None), *[("http.response.body", None, True)] * 3]
+        assert kinds == [*one, ("http.response.body", None, False)] * 5, variant
 
 
 def _peers_or_skip() -> None:

@@ -30,7 +30,7 @@ from examples.rollout.haproxy import find_haproxy
 from examples.rollout.nginx import Nginx, find_nginx
 from graceful import GracefulMiddleware
 from graceful._types import Message, Receive, Scope, Send
-from tests.test_run import Launched
+from tests.servers import Launched
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(40)]
 
@@ -299,10 +299,11 @@ async def test_idle_upstream_connection_outlives_uvicorns_own_timeout(
     keeps the upstream connection 3. idle 6 s, past uvicorn's own 5 s default 4. the next POST:
     `graceful run` (keep-alive 75 s by default) answers it on the same connection; plain uvicorn
     had closed it and nginx opened a new one (the close that races nginx's reuse, a 502)."""
-    served = launch(app="tests.apps_gateway:app", uvicorn=server == "plain-uvicorn")
+    served = launch(app="tests.apps.gateway:app", server="uvicorn" if server == "plain-uvicorn" else "graceful-run")
     if server == "graceful-run":
         served.wait_ready()
     else:
+        served.wait_port()
         wait_listening(served)
     async with open_balancer("nginx") as balancer:
         await balancer.add("server", served.port)

@@ -1,6 +1,6 @@
 """SIGTERM drains under every server users run (end to end, real subprocesses on 127.0.0.1).
 
-The app (tests/apps_compat.py) wraps itself in GracefulMiddleware; nothing else is
+The app (tests/apps/compat.py) wraps itself in GracefulMiddleware; nothing else is
 configured: the middleware takes SIGTERM over from the server in lifespan startup.
 """
 
@@ -24,7 +24,34 @@ import pytest
 from graceful import ConfigError, Drain
 from graceful._signals import REPEAT_WINDOW
 
-from .compat import ROOT, Server, wait_ready
+from .utils import ROOT
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    port: int
+    socket_dir: str
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def wait_ready(server: Server, timeout: float = 15.0) -> None:
+    """Poll /ready of a subprocess: its readiness is only observable from outside."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}")
+        try:
+            if httpx.get(server.base + "/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"server on {server.base} never became ready")
+
 
 PROPAGATION_WAIT = 1.5
 SERVERS = ["uvicorn-h11", "uvicorn-httptools", "gunicorn", "hypercorn-asyncio", "hypercorn-trio", "granian"]
@@ -101,7 +128,7 @@ def _parent(pid: int) -> int | None:
 def start_server(name: str, socket_dir: str, **env: str) -> Iterator[tuple[Server, Log]]:
     """Start server `name` on 127.0.0.1 without a port race: a socket passed by fd, or port 0 read back."""
     py = sys.executable
-    target = "tests.apps_compat:app"
+    target = "tests.apps.compat:app"
     listener = None
     pass_fds: tuple[int, ...] = ()
     if name in ("gunicorn", "hypercorn-asyncio", "hypercorn-trio"):
