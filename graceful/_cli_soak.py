@@ -82,6 +82,17 @@ def _weights_option(ctx: click.Context, param: click.Parameter, value: str) -> d
     callback=_duration_option,
     help="Limit for each attempt, from sending to the last body byte.",
 )
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Send through graceful's resuming transport: cut streams continue on another replica.",
+)
+@click.option(
+    "--max-resumes",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --resume: continuations per stream at most [default 3].",
+)
 @click.option("--max-requests", type=click.IntRange(min=1), default=None, help="Stop after this many requests.")
 @click.option("--seed", type=int, default=None, help="Seed for the class mix, arrivals and jitter.")
 @click.option(
@@ -98,14 +109,19 @@ def soak_command(
     report: str | None,
     plot: str | None,
     executions_url: tuple[str, ...],
+    max_resumes: int | None,
     **options: Any,
 ) -> None:
     """Send short, long and streaming requests to an OpenAI-compatible URL and judge every one.
 
-    Exits 0 when nothing was lost (no ambiguous, truncated, timeout or http_error
-    request and no duplicate execution), 1 otherwise, 2 for bad options.
+    Exits 0 when nothing was lost (no ambiguous, truncated, token_mismatch, timeout or
+    http_error request and no duplicate execution), 1 otherwise, 2 for bad options.
     """
     try:
+        if max_resumes is not None and not options["resume"]:
+            raise ConfigError(f"--max-resumes {max_resumes} only applies with --resume; add --resume or drop it")
+        if max_resumes is not None:
+            options["max_resumes"] = max_resumes
         config = SoakConfig(url=url, executions_urls=executions_url, **options)
         if plot is not None:
             check_plotting()

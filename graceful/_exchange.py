@@ -4,6 +4,12 @@ The distinction that matters most is *when* a connection died: before it was
 established (``refused``: safe to retry), after the request was sent but before any
 response header (``ambiguous``: it may have run), or after the body started
 (``truncated``: it ran, at least partly).
+
+With ``graceful soak --resume``, a stream read through the resuming transport ends
+``resumed`` when it is complete after one or more continuations. A stream whose text
+begins with the example server's count (``tok0 tok1 ...``) is also checked token by
+token: the text the transport spliced must be exactly the uncut stream's, or the
+stream ends ``token_mismatch``. Other servers' text is not judged.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ import httpx
 
 from ._soak_report import Attempt
 
-__all__ = ["Outcome", "describe", "exchange"]
+__all__ = ["COUNT_WORD", "Outcome", "count_mismatch", "describe", "exchange"]
 
 # The OpenAI SDK retries these statuses (openai-python `_should_retry`).
 _RETRY_STATUSES = frozenset({408, 409, 429})
+# The example server's deterministic "model" counts: tok0 tok1 tok2 ... (examples/server/_openai.py).
+COUNT_WORD = "tok"
 
 
 @dataclass
@@ -33,6 +41,7 @@ class Outcome:
     done: bool = False  # the stream's [DONE] arrived
     retry_after: float | None = None
     should_retry: bool | None = None
+    text: list[str] | None = None  # the stream's text pieces, when its count is to be checked
 
     def retryable(self, attempt: Attempt) -> bool:
         """The OpenAI SDK's rule, except that nothing is retried once a successful body has begun."""
@@ -122,6 +131,32 @@ async def _read_body(response: httpx.Response, attempt: Attempt, outcome: Outcom
 
 async def _read_stream(response: httpx.Response, attempt: Attempt, outcome: Outcome) -> None:
     attempt.reason = "truncated"  # until [DONE] or the server's final frame
+    try:
+        finish, usage = await _read_events(response, attempt, outcome)
+    finally:
+        # The resuming transport counts its continuations on the response it gives the caller.
+        attempt.resumes = int(response.extensions.get("graceful_resumes", 0))
+    if attempt.reason == "ended_by_server":
+        return
+    if attempt.error is not None and not attempt.error.startswith("malformed"):
+        attempt.reason = "http_error"
+    elif not outcome.done:
+        attempt.error = "stream ended without [DONE]"
+    elif attempt.error is None:
+        chunks = outcome.tokens
+        if usage.get("completion_tokens") is not None:
+            outcome.tokens = int(usage["completion_tokens"])
+        attempt.reason = _judge(finish, usage, attempt, outcome)
+        if attempt.reason == "ok" and outcome.text is not None:
+            attempt.error = count_mismatch("".join(outcome.text), chunks, usage, outcome.expected)
+            if attempt.error is not None:
+                attempt.reason = "token_mismatch"
+        if attempt.reason == "ok" and attempt.resumes:
+            attempt.reason = "resumed"
+
+
+async def _read_events(response: httpx.Response, attempt: Attempt, outcome: Outcome) -> tuple[Any, dict[str, Any]]:
+    """Read the SSE events to the end: counts, text, errors and [DONE] go to ``attempt`` and ``outcome``."""
     buffer, data_lines = b"", []
     finish = None
     usage: dict[str, Any] = {}
@@ -152,20 +187,14 @@ async def _read_stream(response: httpx.Response, attempt: Attempt, outcome: Outc
                     attempt.error = f"error event: {event[:200]!r}"
                 continue
             for choice in frame.get("choices") or ():
-                if (choice.get("delta") or {}).get("content"):
+                content = (choice.get("delta") or {}).get("content")
+                if content:
                     outcome.tokens += 1
+                    if outcome.text is not None:
+                        outcome.text.append(str(content))
                 finish = choice.get("finish_reason") or finish
             usage = frame.get("usage") or usage
-    if attempt.reason == "ended_by_server":
-        return
-    if attempt.error is not None and not attempt.error.startswith("malformed"):
-        attempt.reason = "http_error"
-    elif not outcome.done:
-        attempt.error = "stream ended without [DONE]"
-    elif attempt.error is None:
-        if usage.get("completion_tokens") is not None:
-            outcome.tokens = int(usage["completion_tokens"])
-        attempt.reason = _judge(finish, usage, attempt, outcome)
+    return finish, usage
 
 
 def _frame(event: bytes) -> dict[str, Any] | None:
@@ -190,6 +219,25 @@ def _judge(finish: Any, usage: Mapping[str, Any], attempt: Attempt, outcome: Out
         attempt.error = f"finish_reason length after {outcome.tokens} of {outcome.expected} tokens"
         return "truncated"
     return "ok"
+
+
+def count_mismatch(text: str, chunks: int, usage: Mapping[str, Any], expected: int) -> str | None:
+    """How a stream of the example server's count differs from ``tok0 ... tok{expected-1}``; None if it does not.
+
+    Text that does not begin with ``tok0`` is some other server's: not judged.
+    """
+    if not text.startswith(f"{COUNT_WORD}0"):
+        return None
+    got, want = text.split(" "), [f"{COUNT_WORD}{i}" for i in range(expected)]
+    for index, (seen, wanted) in enumerate(zip(got, want)):
+        if seen != wanted:
+            return f"token {index} is {seen!r}, expected {wanted!r}"
+    if len(got) != len(want):
+        return f"{len(got)} tokens of the count, expected {expected}"
+    completion = usage.get("completion_tokens")
+    if completion is not None and completion != chunks:
+        return f"usage says {completion} completion tokens, the stream carried {chunks}"
+    return None
 
 
 def _is_sse(response: httpx.Response) -> bool:

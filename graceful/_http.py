@@ -23,6 +23,13 @@ __all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
 NOT_STARTED_HEADER = b"x-graceful-not-started"
 # A client that can continue a cut stream elsewhere says so (docs/resume.md).
 RESUMABLE_HEADER = b"x-graceful-resumable"
+
+
+def resumable(scope: Scope) -> bool:
+    """Whether the request carried ``x-graceful-resumable: 1`` (read off the hot path only)."""
+    return any(name == RESUMABLE_HEADER and value.strip() == b"1" for name, value in scope["headers"])
+
+
 _HTTP1 = frozenset({"1.0", "1.1"})
 # Before a refusal, read and drop this much of the request body at most, for this long
 # at most (a slow client must not hold a draining server). See _drop_body. Prompts of
@@ -220,7 +227,7 @@ class Call(Tracked):
 
     def resumable(self) -> bool:
         """Whether the request carried ``x-graceful-resumable: 1`` (read only when a stream is ended)."""
-        return any(name == RESUMABLE_HEADER and value.strip() == b"1" for name, value in self.scope["headers"])
+        return resumable(self.scope)
 
     def _final_frame(self) -> FinalFrame:
         frame = self.config.final_frame

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from ._config import Config
 from ._frames import FinalFrame, default_final_frame
-from ._http import REFUSAL, Call, json_response, reject
+from ._http import REFUSAL, Call, json_response, reject, resumable
 from ._ledger import ERROR
 from ._options import DRAIN_OPTIONS
 from ._state import Drain
@@ -127,7 +127,12 @@ class GracefulMiddleware:
                 await handler(scope, receive, send)
                 return
             drain = self.drain
-            if drain.state is not SERVING and not drain.admits(scope.get("client")):
+            if drain.state is not SERVING and (
+                not drain.admits(scope.get("client"))
+                # Once streams are handed off, a resumable one would be handed off as soon as it
+                # started (it comes on a kept-alive connection): its client goes elsewhere at once.
+                or (drain.handing_off and resumable(scope))
+            ):
                 return await self._refuse(scope, receive, send, REFUSAL[drain.state])
             call = Call(self.settings, scope, receive, send, self.current_task())
             if not drain.admit_item(call, self.reject_over):

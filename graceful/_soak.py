@@ -24,6 +24,7 @@ import httpx
 
 from ._budget import ConfigError
 from ._exchange import Outcome, describe, exchange
+from ._resume import AsyncResumingTransport
 from ._soak_report import CLASSES, Attempt, RequestRecord, SoakReport
 
 __all__ = ["SoakConfig", "endpoint", "parse_weights", "run_soak"]
@@ -40,6 +41,8 @@ class SoakConfig:
     ``concurrency`` workers send back to back (closed loop); with ``rate`` set,
     requests start at that many per second (open loop, Poisson arrivals) and
     ``concurrency`` caps how many are in flight. ``timeout`` bounds each attempt.
+    With ``resume``, requests go through ``AsyncResumingTransport`` (at most
+    ``max_resumes`` continuations per stream) and streams ask for a final usage chunk.
     """
 
     url: str
@@ -57,6 +60,8 @@ class SoakConfig:
     max_retries: int = 2
     retry_base: float = 0.5
     retry_cap: float = 8.0
+    resume: bool = False
+    max_resumes: int = 3
 
     def __post_init__(self) -> None:
         endpoint(self.url)
@@ -72,6 +77,12 @@ class SoakConfig:
             raise ConfigError(f"max_requests: {self.max_requests!r} is below 1; use 1 or more, or no bound")
         if self.retry not in ("none", "sdk"):
             raise ConfigError(f"retry: {self.retry!r} is not a policy; use 'none' or 'sdk'")
+        if not isinstance(self.resume, bool):
+            raise ConfigError(f"resume: {self.resume!r} is not a boolean; use True or False")
+        if isinstance(self.max_resumes, bool) or not isinstance(self.max_resumes, int) or self.max_resumes < 0:
+            raise ConfigError(
+                f"max_resumes: {self.max_resumes!r} is not a whole number of 0 or more; use e.g. 3 (0: never resume)"
+            )
         unknown = set(self.mix) - set(CLASSES) or set(self.lengths) - set(CLASSES)
         if unknown:
             raise ConfigError(f"unknown request class {sorted(unknown)[0]!r}; use {', '.join(CLASSES)}")
@@ -161,7 +172,11 @@ async def run_soak(
     # server that closes them under a request already on its way.
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     timeout = httpx.Timeout(config.timeout, pool=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers={"user-agent": "graceful-soak"}) as client:
+    options: dict[str, Any] = {"limits": limits}
+    if config.resume:
+        inner = httpx.AsyncHTTPTransport(limits=limits)
+        options = {"transport": AsyncResumingTransport(inner, max_resumes=config.max_resumes)}
+    async with httpx.AsyncClient(timeout=timeout, headers={"user-agent": "graceful-soak"}, **options) as client:
 
         async def send(record: RequestRecord) -> None:
             await _request(client, url, config, record, plan.rng)
@@ -227,12 +242,15 @@ async def _request(
         "max_tokens": record.expected_tokens,
         "stream": stream,
     }
+    if stream and cfg.resume:
+        # The spliced usage is part of what a resumed stream must get right.
+        body["stream_options"] = {"include_usage": True}
     headers = {"x-request-id": record.request_id, "idempotency-key": record.idempotency_key}
     tries = cfg.max_retries + 1 if cfg.retry == "sdk" else 1
     for n in range(tries):
         attempt = Attempt(reason="timeout", start=time.time())
         record.history.append(attempt)
-        outcome = Outcome(expected=record.expected_tokens)
+        outcome = Outcome(expected=record.expected_tokens, text=[] if stream and cfg.resume else None)
         with anyio.move_on_after(cfg.timeout) as deadline:
             await exchange(client, url, body, {**headers, "x-soak-attempt": str(n)}, stream, attempt, outcome)
         if deadline.cancelled_caught and attempt.reason != "ended_by_server":
@@ -246,6 +264,7 @@ async def _request(
     last = record.history[-1]
     record.end, record.reason, record.status = last.end, last.reason, last.status
     record.served_by, record.replay, record.error = last.served_by, last.replay, last.error
+    record.resumes = last.resumes
 
 
 async def _executions(client: httpx.AsyncClient, urls: tuple[str, ...]) -> tuple[dict[str, int] | None, list[str]]:

@@ -9,22 +9,27 @@ from typing import Any
 
 from ._budget import ConfigError
 
-__all__ = ["CLASSES", "LOSSES", "REASONS", "Attempt", "RequestRecord", "SoakReport", "write_plot"]
+__all__ = ["CLASSES", "LOSSES", "REASONS", "RESUME_REASONS", "Attempt", "RequestRecord", "SoakReport", "write_plot"]
 
 CLASSES = ("short", "long", "stream")
 REASONS = (
     "ok",
+    "resumed",
     "rejected_retryable",
     "refused",
     "ambiguous",
     "truncated",
+    "token_mismatch",
     "ended_by_server",
     "http_error",
     "timeout",
 )
+# Only a run with resume on (graceful soak --resume) can end a request with these.
+RESUME_REASONS = ("resumed", "token_mismatch")
 # Outcomes the client cannot explain: the work may have run, half-run or been lost.
-# rejected_retryable, refused and ended_by_server are explicit and safe to retry.
-LOSSES = ("ambiguous", "truncated", "timeout", "http_error")
+# rejected_retryable, refused and ended_by_server are explicit and safe to retry;
+# token_mismatch is an answer whose text is wrong.
+LOSSES = ("ambiguous", "truncated", "token_mismatch", "timeout", "http_error")
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Attempt:
     replay: bool = False  # the server replayed a stored result for the idempotency key
     bytes: int = 0
     error: str | None = None
+    resumes: int = 0  # continuations the resuming transport spliced into this attempt's stream
 
     @property
     def executed(self) -> bool:
@@ -74,6 +80,7 @@ class RequestRecord:
     tokens: int = 0
     replay: bool = False
     error: str | None = None
+    resumes: int = 0
     history: list[Attempt] = field(default_factory=list)
 
     @property
@@ -131,12 +138,17 @@ class SoakReport:
         return dict(sorted(Counter(record.served_by or "-" for record in self.records).items()))
 
     def duplicates(self) -> list[str]:
-        """Idempotency keys executed more than once, by the server's counts or by fresh 2xx answers."""
+        """Idempotency keys executed more than once, by the server's counts or by fresh 2xx answers.
+
+        A continuation carries its stream's key and runs only the rest of the answer: each
+        resume adds one expected execution of the key (on another replica).
+        """
         keys = []
         for record in self.records:
             seen = sum(1 for attempt in record.history if attempt.executed)
+            runs = sum(1 + attempt.resumes for attempt in record.history if attempt.executed)
             counted = self.executions.get(record.idempotency_key, 0) if self.executions is not None else 0
-            if seen > 1 or counted > 1:
+            if seen > 1 or counted > max(1, runs):
                 keys.append(record.idempotency_key)
         return keys
 
@@ -193,17 +205,15 @@ class SoakReport:
     def render(self) -> str:
         """The summary table printed at the end of ``graceful soak``."""
         data = self.to_json()
-        names = {
-            reason: reason.replace("rejected_retryable", "rejected").replace("ended_by_server", "ended")
-            for reason in REASONS
-        }
-        widths = [8, 8, *(max(len(names[reason]), 6) for reason in REASONS)]
-        header = ["class", "requests", *(names[reason] for reason in REASONS)]
+        short = {"rejected_retryable": "rejected", "ended_by_server": "ended", "token_mismatch": "mismatch"}
+        shown = [r for r in REASONS if r not in RESUME_REASONS or self.settings.get("resume")]
+        widths = [8, 8, *(max(len(short.get(reason, reason)), 6) for reason in shown)]
+        header = ["class", "requests", *(short.get(reason, reason) for reason in shown)]
         rows = [header]
         for cls, counts in data["by_class"].items():
-            rows.append([cls, str(sum(counts.values())), *(str(counts[reason]) for reason in REASONS)])
-        rows.append(["total", str(data["requests"]), *(str(data["by_reason"][reason]) for reason in REASONS)])
-        rows.append(["attempts", str(data["attempts"]), *(str(data["attempt_reasons"][reason]) for reason in REASONS)])
+            rows.append([cls, str(sum(counts.values())), *(str(counts[reason]) for reason in shown)])
+        rows.append(["total", str(data["requests"]), *(str(data["by_reason"][reason]) for reason in shown)])
+        rows.append(["attempts", str(data["attempts"]), *(str(data["attempt_reasons"][reason]) for reason in shown)])
         lines = [
             "  ".join(cell.rjust(width) if i else cell.ljust(width) for i, (cell, width) in enumerate(zip(row, widths)))
             for row in rows
@@ -228,6 +238,8 @@ class SoakReport:
 
 COLOURS = {
     "ok": "#2ca02c",
+    "resumed": "#bcbd22",
+    "token_mismatch": "#e377c2",
     "rejected_retryable": "#1f77b4",
     "refused": "#9467bd",
     "ambiguous": "#d62728",

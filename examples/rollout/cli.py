@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -137,12 +138,19 @@ async def _run(options: Options, skip_baseline: bool, records: str | None) -> tu
         click.echo(line, err=True)
 
     baseline = None
-    if not skip_baseline:
+    if not skip_baseline and options.handoff_streams:
+        # The column to compare with: the same graceful side without handoff, which is long-streams.
+        log("long-streams: graceful run + preStop graceful drain, streams waited for until the deadline")
+        compare = replace(options, handoff_streams=False, resume=False)
+        baseline = await run_side(
+            "graceful", compare, log_dir=log_dir, log=log, records_path=records_file(records, "long-streams")
+        )
+    elif not skip_baseline:
         log("baseline: plain uvicorn, no preStop hook")
         baseline = await run_side(
             "baseline", options, log_dir=log_dir, log=log, records_path=records_file(records, "baseline")
         )
-    log("graceful: graceful run + preStop graceful drain")
+    log("graceful: graceful run + preStop graceful drain" + (", streams handed off" if options.handoff_streams else ""))
     graceful = await run_side(
         "graceful", options, log_dir=log_dir, log=log, records_path=records_file(records, "graceful")
     )

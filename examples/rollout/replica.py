@@ -45,6 +45,7 @@ class ReplicaSettings:
     queue_size: int = 256
     load_delay: float = 0.5
     ignore_term: bool = False
+    handoff_streams: bool = False
     log_dir: str = field(default_factory=tempfile.gettempdir)
 
     def environment(self, name: str, socket_dir: str) -> dict[str, str]:
@@ -64,6 +65,8 @@ class ReplicaSettings:
         }
         if self.reserve is not None:
             env["GRACEFUL_EXAMPLE_RESERVE"] = f"{self.reserve:g}"
+        if self.handoff_streams:
+            env["GRACEFUL_HANDOFF_STREAMS"] = "1"  # graceful run --handoff-streams, for the already wrapped app
         return env
 
     def command(self, port: int, socket_dir: str) -> list[str]:

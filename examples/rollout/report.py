@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from graceful._soak_report import LOSSES, REASONS
+from graceful._soak_report import LOSSES, REASONS, RESUME_REASONS
 
 from .balancer import L7_BALANCERS
 from .scenarios import Options, SideResult
 
-__all__ = ["attribute_losses", "expectations", "reload_losses", "render", "side_summary"]
+__all__ = ["HANDOFF_EXIT_SLACK", "attribute_losses", "expectations", "reload_losses", "render", "side_summary"]
+
+# long-streams-handoff: the median old replica exits within the propagation wait plus this.
+HANDOFF_EXIT_SLACK = 5.0
 
 
 def attribute_losses(side: SideResult, window: float) -> dict[str, int]:
@@ -52,7 +55,7 @@ def side_summary(side: SideResult, options: Options) -> dict[str, Any]:
     streams = sum(1 for record in side.report.records if record.cls == "stream")
     exits = [t.exit_seconds for t in side.terminations if t.exit_seconds is not None]
     summary: dict[str, Any] = {
-        "kind": side.kind,
+        "kind": _label(side, options),
         "balancer": side.balancer,
         "requests": data["requests"],
         "streams": streams,
@@ -90,6 +93,13 @@ def side_summary(side: SideResult, options: Options) -> dict[str, Any]:
     return summary
 
 
+def _label(side: SideResult, options: Options) -> str:
+    """The column's name: the side, or in long-streams-handoff the scenario each graceful side stands for."""
+    if options.scenario != "long-streams-handoff":
+        return side.kind
+    return "long-streams-handoff" if side.handoff_streams else "long-streams"
+
+
 def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
     """What the graceful side promised in this scenario and did not keep; empty when it held."""
     broken = []
@@ -97,6 +107,14 @@ def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
     zeros = ["ambiguous", "truncated", "timeout", "http_error"]
     if options.scenario == "node-loss":
         zeros = []  # a lost node loses what it ran; duplicates are the promise here
+    if options.scenario == "long-streams-handoff":
+        zeros = [*zeros, "ended_by_server", "token_mismatch"]
+        bound = options.propagation_wait + HANDOFF_EXIT_SLACK
+        median = graceful["exit_median"]
+        if median is None or median > bound:
+            broken.append(f"old-replica exit median {median} s after T0 (bound: propagation wait + 5 s = {bound:g} s)")
+        if not reasons["resumed"]:
+            broken.append("resumed=0 (no stream continued on another replica)")
     for reason in zeros:
         if reasons[reason]:
             broken.append(f"{reason}={reasons[reason]}")
@@ -108,7 +126,7 @@ def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
         broken.append(f"sigkills={graceful['sigkills']} (expected one per deletion: {graceful['deletions']})")
     # Losses at an nginx reload are the emulation's (ingress-nginx changes endpoints without
     # one): the table shows them for both sides, the promise is about the rest.
-    failed = sum(reasons[r] for r in REASONS if r != "ok") - graceful["reload_losses"]
+    failed = sum(reasons[r] for r in REASONS if r not in ("ok", "resumed")) - graceful["reload_losses"]
     if graceful["reload_losses"] and "ambiguous" in zeros:
         broken = [b for b in broken if not b.startswith("ambiguous=")]
         if reasons["ambiguous"] > graceful["reload_losses"]:
@@ -153,6 +171,8 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
     row("requests", lambda s: s["requests"])
     row("  of which streams", lambda s: f"{s['streams']} ({100 * s['streams'] / max(1, s['requests']):.0f}%)")
     for reason in REASONS:
+        if reason in RESUME_REASONS and not options.resume:
+            continue
         row(f"  {reason}", lambda s, r=reason: s["by_reason"][r])
     row("duplicates (executed twice)", lambda s: s["duplicates"])
     row("retries", lambda s: s["retries"])
@@ -190,7 +210,7 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
     for r in rows:
         lines.append("  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(r)))
     lines.append("")
-    if baseline is not None:
+    if baseline is not None and baseline["kind"] == "baseline":
         base_failed = sum(baseline["by_reason"][r] for r in REASONS if r != "ok")
         if base_failed == 0 and not baseline["duplicates"]:
             lines.append("baseline: no failed request in this configuration (honest result: nothing to fix here).")

@@ -26,6 +26,7 @@ SCENARIOS = (
     "default",
     "strict-clients",
     "long-streams",
+    "long-streams-handoff",
     "ignore-term",
     "prestop-timeout",
     "lb-delay-30s",
@@ -61,6 +62,8 @@ class Options:
     load_delay: float = 1.0
     balancer: str = "auto"
     gateway_retry: bool = False
+    handoff_streams: bool = False  # the graceful side hands resumable streams off after the propagation wait
+    resume: bool = False  # clients send through graceful's resuming transport (graceful soak --resume)
     quick: bool = False
     seed: int | None = None
 
@@ -90,9 +93,6 @@ class Options:
         options = replace(options, **user)
         if scenario == "strict-clients" and "retry" not in user:
             options = replace(options, retry="none")
-        elif scenario == "long-streams":
-            # Streams half as long again as the whole grace period: no drain can wait for them.
-            options = replace(options, stream_tokens=(int(options.tokens_per_second * options.grace_period * 1.5),))
         elif scenario == "lb-delay-30s":
             delay = user.get("lb_delay", 30.0)
             # The fix the scenario teaches: a propagation wait longer than the balancer's delay,
@@ -123,6 +123,12 @@ class Options:
             # propagation + 2 x longest request (with queueing) + reserve. 120 s is the value
             # measured to hold at the full default size (0 failures in 10,015 strict requests).
             options = replace(options, grace_period=max(options.grace_period, 120.0))
+        if scenario in ("long-streams", "long-streams-handoff"):
+            # Streams half as long again as the whole (final) grace period: no drain can wait for them.
+            options = replace(options, stream_tokens=(int(options.tokens_per_second * options.grace_period * 1.5),))
+            if scenario == "long-streams-handoff":
+                # ... and need not: they continue on another replica, and the old one exits early.
+                options = replace(options, handoff_streams=True, resume=True)
         options.check()
         return options
 
@@ -161,6 +167,7 @@ class Options:
             tokens_per_second=self.tokens_per_second,
             load_delay=self.load_delay,
             ignore_term=self.scenario == "ignore-term",
+            handoff_streams=self.handoff_streams,
             log_dir=log_dir,
         )
 
@@ -181,7 +188,11 @@ class Options:
         plain = max(1, self.concurrency // 2)
         per_stream = max(1, (self.concurrency - plain) // streams)
         timeout = self.longest_stream * 2 + 15
-        common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout}
+        common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout, "resume": self.resume}
+        if self.resume:
+            # A stream longer than the rollout's step may meet several deletions, each handing it
+            # off once (a replica refuses continuations once it hands off): one resume per deletion.
+            common["max_resumes"] = max(3, self.replicas * self.updates)
         configs = [
             SoakConfig(
                 concurrency=plain,
@@ -219,6 +230,7 @@ class SideResult:
     budget_limit: float
     connect_errors: int
     walkaways: int = 0
+    handoff_streams: bool = False
     lost_executions: int = 0
     notes: list[str] = field(default_factory=list)
     reloads: list[tuple[float, float]] = field(default_factory=list)  # nginx: reload start, old workers gone
@@ -282,7 +294,7 @@ async def run_side(
             started=started,
             elapsed=time.monotonic() - t0,
             records=sorted(records, key=lambda r: r.start),
-            settings={"scenario": options.scenario, "retry": options.retry},
+            settings={"scenario": options.scenario, "retry": options.retry, "resume": options.resume},
             executions=executions,
             notes=notes,
         )
@@ -297,6 +309,7 @@ async def run_side(
             reloads=balancer.reload_windows() if isinstance(balancer, Nginx) else [],
             lost_executions=lost,
             notes=notes,
+            handoff_streams=options.handoff_streams,
         )
 
 
@@ -339,7 +352,7 @@ async def _walk_away(url: str, stop: anyio.Event, options: Options) -> int:
     return left
 
 
-def records_file(directory: str | None, kind: Kind) -> str | None:
+def records_file(directory: str | None, kind: str) -> str | None:
     """Where ``--records DIR`` puts one side's JSON lines."""
     if directory is None:
         return None

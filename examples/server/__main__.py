@@ -110,6 +110,13 @@ _DEFAULTS = Config()
     callback=_duration,
     help="Run an internal one-token canary this often (0: never).",
 )
+@click.option(
+    "--token-word",
+    envvar=ENV["token_word"],
+    default=_DEFAULTS.token_word,
+    show_default=True,
+    help="The generated text counts WORD0 WORD1 ...; replicas with different words continue streams differently.",
+)
 @click.option("--propagation-wait", envvar=DRAIN_ENV["propagation_wait"], callback=_duration, help="Drain option.")
 @click.option("--drain-timeout", envvar=DRAIN_ENV["drain_timeout"], callback=_duration, help="Drain option.")
 @click.option("--reserve", envvar=DRAIN_ENV["reserve"], callback=_duration, help="Drain option.")

@@ -133,7 +133,11 @@ class _Handlers:
         config = self.config
         try:
             job = parse(
-                await request.body(), kind, default_max_tokens=config.default_max_tokens, max_tokens=config.max_tokens
+                await request.body(),
+                kind,
+                default_max_tokens=config.default_max_tokens,
+                max_tokens=config.max_tokens,
+                word=config.token_word,
             )
         except Invalid as exc:
             return _error(400, str(exc), "invalid_request_error", exc.param)

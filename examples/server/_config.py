@@ -27,6 +27,7 @@ ENV = {
     "default_max_tokens": "GRACEFUL_EXAMPLE_DEFAULT_MAX_TOKENS",
     "idempotency_keys": "GRACEFUL_EXAMPLE_IDEMPOTENCY_KEYS",
     "selftest_interval": "GRACEFUL_EXAMPLE_SELFTEST_INTERVAL",
+    "token_word": "GRACEFUL_EXAMPLE_TOKEN_WORD",
 }
 
 
@@ -43,6 +44,7 @@ class Config:
     default_max_tokens: int = 16
     idempotency_keys: int = 10_000
     selftest_interval: float = 0.0
+    token_word: str = "tok"
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -56,6 +58,7 @@ class Config:
         need(self.max_tokens >= 1, "max_tokens", "must be at least 1")
         need(1 <= self.default_max_tokens <= self.max_tokens, "default_max_tokens", "must be between 1 and max_tokens")
         need(self.idempotency_keys >= 1, "idempotency_keys", "must be at least 1")
+        need(self.token_word.isascii() and self.token_word.isalpha(), "token_word", "must be letters only, e.g. tok")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:

@@ -1,7 +1,8 @@
 """OpenAI request validation and response shapes for completions and chat completions.
 
 The generated text is deterministic (``tok0 tok1 ...``) so a client can count the
-tokens it received against the ``max_tokens`` it asked for. The "model" continues a
+tokens it received against the ``max_tokens`` it asked for (``token_word`` sets the word,
+``tok`` unless configured otherwise). The "model" continues a
 count: when the text it is given ends with ``tok0 tok1 ... tokK`` (a completions
 prompt, or the final assistant message of a chat request with
 ``continue_final_message``), it goes on with `` tokK+1``. A continued stream therefore
@@ -57,9 +58,10 @@ class Job:
     created: int
     start: int = 0  # the index of the first token: how far the given text has counted already
     include_usage: bool = False  # stream_options.include_usage: a final usage chunk before [DONE]
+    word: str = "tok"  # the word of the count: tok0 tok1 ...
 
 
-def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int) -> Job:
+def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int, word: str = "tok") -> Job:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -73,13 +75,13 @@ def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int) -
     if kind == "completion":
         prompt = body.get("prompt", _MISSING)
         prompt_tokens = _prompt_tokens(prompt)
-        start = _counted(prompt if isinstance(prompt, str) else prompt[-1])
+        start = _counted(prompt if isinstance(prompt, str) else prompt[-1], word)
         wanted = body.get("max_tokens", default_max_tokens)
         name = "max_tokens"
     else:
         messages = body.get("messages", _MISSING)
         prompt_tokens = _message_tokens(messages)
-        start = _continuation(body, messages)  # type: ignore[arg-type]
+        start = _continuation(body, messages, word)  # type: ignore[arg-type]
         name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         wanted = body.get(name, default_max_tokens)
     if wanted is None:
@@ -94,7 +96,7 @@ def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int) -
     include_usage = _include_usage(body.get("stream_options"), stream)
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
     job_id = f"{prefix}-{uuid.uuid4().hex}"
-    return Job(kind, model, prompt_tokens, wanted, stream, job_id, int(time.time()), start, include_usage)
+    return Job(kind, model, prompt_tokens, wanted, stream, job_id, int(time.time()), start, include_usage, word)
 
 
 def _include_usage(options: object, stream: bool) -> bool:
@@ -113,7 +115,7 @@ def _include_usage(options: object, stream: bool) -> bool:
     return include
 
 
-def _continuation(body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+def _continuation(body: dict[str, Any], messages: list[dict[str, Any]], word: str) -> int:
     """Where a chat request starts counting: past the final assistant message with continue_final_message."""
     cont = body.get("continue_final_message", False)
     add = body.get("add_generation_prompt", True)
@@ -134,16 +136,16 @@ def _continuation(body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
             f"messages[{len(messages) - 1}] has role {messages[-1].get('role')!r}.",
             "continue_final_message",
         )
-    return _counted(messages[-1]["content"])
+    return _counted(messages[-1]["content"], word)
 
 
-def _counted(text: str) -> int:
+def _counted(text: str, word: str) -> int:
     """How many tokens of the count ``tok0 tok1 ...`` end ``text`` (0 if it does not end with one)."""
-    at = text.rfind("tok0")
+    at = text.rfind(f"{word}0")
     if at < 0:
         return 0
     words = text[at:].split(" ")
-    if words != [f"tok{i}" for i in range(len(words))]:
+    if words != [f"{word}{i}" for i in range(len(words))]:
         return 0
     return len(words)
 
@@ -185,8 +187,8 @@ def error_body(message: str, *, type: str, param: str | None = None, code: str |
     return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
 
 
-def token_text(index: int) -> str:
-    return f"tok{index}" if index == 0 else f" tok{index}"
+def token_text(index: int, word: str = "tok") -> str:
+    return f"{word}{index}" if index == 0 else f" {word}{index}"
 
 
 def _usage(job: Job) -> dict[str, int]:
@@ -208,7 +210,7 @@ def _envelope(job: Job, served_model: str, streaming: bool) -> dict[str, Any]:
 def chunk(job: Job, served_model: str, index: int) -> bytes:
     """The SSE event for the job's token ``index`` (from 0); the last one carries ``finish_reason``."""
     finish = "length" if index == job.max_tokens - 1 else None
-    text = token_text(job.start + index)
+    text = token_text(job.start + index, job.word)
     if job.kind == "completion":
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     else:
@@ -228,7 +230,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 def full_body(job: Job, served_model: str) -> bytes:
-    text = "".join(token_text(job.start + i) for i in range(job.max_tokens))
+    text = "".join(token_text(job.start + i, job.word) for i in range(job.max_tokens))
     if job.kind == "completion":
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
     else:
