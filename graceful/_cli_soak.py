@@ -76,6 +76,18 @@ def _weights_option(ctx: click.Context, param: click.Parameter, value: str) -> d
     help="none: one attempt; sdk: retry like the OpenAI SDK (2 retries, never after a body began).",
 )
 @click.option(
+    "--resume",
+    is_flag=True,
+    help="Send through graceful's resuming transport: cut streams continue on another replica (docs/resume.md).",
+)
+@click.option(
+    "--max-resumes",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="With --resume: continuations per stream at most.",
+)
+@click.option(
     "--timeout",
     default="60s",
     show_default=True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -31,6 +31,7 @@ class Outcome:
     expected: int = 0
     tokens: int = 0
     done: bool = False  # the stream's [DONE] arrived
+    text: list[str] = field(default_factory=list)  # a stream's content, to check a resumed one
     retry_after: float | None = None
     should_retry: bool | None = None
 
@@ -152,8 +153,10 @@ async def _read_stream(response: httpx.Response, attempt: Attempt, outcome: Outc
                     attempt.error = f"error event: {event[:200]!r}"
                 continue
             for choice in frame.get("choices") or ():
-                if (choice.get("delta") or {}).get("content"):
+                content = (choice.get("delta") or {}).get("content")
+                if content:
                     outcome.tokens += 1
+                    outcome.text.append(content)
                 finish = choice.get("finish_reason") or finish
             usage = frame.get("usage") or usage
     if attempt.reason == "ended_by_server":
@@ -166,6 +169,20 @@ async def _read_stream(response: httpx.Response, attempt: Attempt, outcome: Outc
         if usage.get("completion_tokens") is not None:
             outcome.tokens = int(usage["completion_tokens"])
         attempt.reason = _judge(finish, usage, attempt, outcome)
+        resumes = response.extensions.get("graceful_resumes", 0)
+        if attempt.reason == "ok" and resumes:
+            attempt.reason = _check_resumed(outcome, resumes, attempt)
+
+
+def _check_resumed(outcome: Outcome, resumes: int, attempt: Attempt) -> str:
+    """A stream completed after continuations: its text must be the example server's count, token for token."""
+    text = "".join(outcome.text)
+    wanted = "".join(f" tok{i}" if i else "tok0" for i in range(outcome.tokens))
+    if text != wanted:
+        at = next((i for i, (a, b) in enumerate(zip(text, wanted)) if a != b), min(len(text), len(wanted)))
+        attempt.error = f"after {resumes} resume(s) the text differs at character {at}: {text[at : at + 40]!r}"
+        return "token_mismatch"
+    return "resumed"
 
 
 def _frame(event: bytes) -> dict[str, Any] | None:

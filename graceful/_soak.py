@@ -57,6 +57,8 @@ class SoakConfig:
     max_retries: int = 2
     retry_base: float = 0.5
     retry_cap: float = 8.0
+    resume: bool = False  # send through graceful's resuming transport (docs/resume.md)
+    max_resumes: int = 3
 
     def __post_init__(self) -> None:
         endpoint(self.url)
@@ -70,6 +72,8 @@ class SoakConfig:
             raise ConfigError(f"rate: {self.rate!r} is not a positive number of requests per second")
         if self.max_requests is not None and self.max_requests < 1:
             raise ConfigError(f"max_requests: {self.max_requests!r} is below 1; use 1 or more, or no bound")
+        if self.max_resumes < 0:
+            raise ConfigError(f"max_resumes: {self.max_resumes!r} is below 0; use 0 or more")
         if self.retry not in ("none", "sdk"):
             raise ConfigError(f"retry: {self.retry!r} is not a policy; use 'none' or 'sdk'")
         unknown = set(self.mix) - set(CLASSES) or set(self.lengths) - set(CLASSES)
@@ -161,7 +165,13 @@ async def run_soak(
     # server that closes them under a request already on its way.
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     timeout = httpx.Timeout(config.timeout, pool=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers={"user-agent": "graceful-soak"}) as client:
+    transport: httpx.AsyncBaseTransport | None = None
+    if config.resume:
+        from ._resume import AsyncResumingTransport
+
+        transport = AsyncResumingTransport(httpx.AsyncHTTPTransport(limits=limits), max_resumes=config.max_resumes)
+    agent = {"user-agent": "graceful-soak"}
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=agent, transport=transport) as client:
 
         async def send(record: RequestRecord) -> None:
             await _request(client, url, config, record, plan.rng)

@@ -21,10 +21,14 @@ REASONS = (
     "ended_by_server",
     "http_error",
     "timeout",
+    "resumed",
+    "token_mismatch",
 )
 # Outcomes the client cannot explain: the work may have run, half-run or been lost.
 # rejected_retryable, refused and ended_by_server are explicit and safe to retry.
-LOSSES = ("ambiguous", "truncated", "timeout", "http_error")
+# resumed (complete after continuations on another replica, with --resume) is a success;
+# token_mismatch (a spliced text that differs from the deterministic count) is a loss.
+LOSSES = ("ambiguous", "truncated", "timeout", "http_error", "token_mismatch")
 
 
 @dataclass
@@ -235,6 +239,8 @@ COLOURS = {
     "ended_by_server": "#17becf",
     "http_error": "#8c564b",
     "timeout": "#7f7f7f",
+    "resumed": "#98df8a",
+    "token_mismatch": "#e377c2",
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +38,11 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def replica(name: str, **options: Any) -> AsyncIterator[Replica]:
-    """One example server under uvicorn on 127.0.0.1, SERVING when yielded; ``options`` go to the middleware."""
+async def replica(name: str, wrap: Callable[[Any], Any] | None = None, **options: Any) -> AsyncIterator[Replica]:
+    """One example server under uvicorn on 127.0.0.1, SERVING when yielded; ``options`` go to the middleware.
+
+    ``wrap``, if given, wraps the served ASGI app (to alter what the example server receives).
+    """
     options.setdefault("grace_period", 30)
     options.setdefault("propagation_wait", 0.2)
     config = Config(tokens_per_second=TOKENS_PER_SECOND, load_delay=0.0, slots=32)
@@ -48,7 +51,8 @@ async def replica(name: str, **options: Any) -> AsyncIterator[Replica]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    served = app if wrap is None else wrap(app)
+    server = uvicorn.Server(uvicorn.Config(served, log_level="warning", lifespan="on"))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     done = anyio.Event()
 
