@@ -83,13 +83,19 @@ class Splice:
         self.kind = kind
         self.payload = payload
         self.max_resumes = max_resumes
-        self.resumes = 0
+        self.resumes = 0  # continuations sent
+        # Continuations that brought events count against max_resumes. One ended before its
+        # first event (it reached a replica that handed it off at once) is retried like a
+        # refused one instead: after a pause, at most RETRY_ATTEMPTS times in a row.
+        self.charged = 0
+        self.idle = 0
+        self.events_at_resume = 0
         self.buffer = b""
         self.text: list[str] = []
         self.tokens = 0  # completion tokens received: one per chunk that carries text
         self.carried_tokens = 0  # tokens carried into the current attempt
         self.bytes_out = 0
-        self.events = 0  # complete events across all attempts
+        self.events = 0  # complete answer events across all attempts
         self.first: dict[str, Any] | None = None  # id, created and model of the first chunk
         self.done = False  # [DONE] seen
         self.finished = False  # a finish_reason seen
@@ -125,7 +131,6 @@ class Splice:
         if data.strip() == b"[DONE]":
             self.done = True
             return _DONE if self.resumes else raw
-        self.events += 1
         try:
             event = json.loads(data)
         except (UnicodeDecodeError, ValueError):
@@ -140,6 +145,7 @@ class Splice:
                 return b""
             self.blocked = "an error event"
             return raw
+        self.events += 1  # a complete event of the answer (graceful's final event is not one)
         if self.first is None:
             self.first = {key: event[key] for key in ("id", "created", "model") if key in event}
         self._read_choices(event)
@@ -211,8 +217,11 @@ class Splice:
             return "cut inside a tool call"
         if self.finished:
             return "cut after the finish reason"
-        if self.resumes >= self.max_resumes:
+        progress = self.events > self.events_at_resume or not self.resumes
+        if progress and self.charged >= self.max_resumes:
             return f"max_resumes={self.max_resumes} reached"
+        if not progress and self.idle >= RETRY_ATTEMPTS:
+            return f"{RETRY_ATTEMPTS} continuations in a row ended before their first event"
         left = self.remaining()
         if left is not None and left <= 0:
             return "no tokens left to generate"
@@ -253,6 +262,12 @@ class Splice:
         return json.dumps(body, separators=(",", ":")).encode()
 
     def begin_resume(self, reason: str, url: httpx.URL) -> bytes:
+        if self.events > self.events_at_resume or not self.resumes:
+            self.charged += 1
+            self.idle = 0
+        else:
+            self.idle += 1
+        self.events_at_resume = self.events
         self.resumes += 1
         self.carried_tokens = self.tokens
         self.buffer = b""
@@ -264,10 +279,14 @@ class Splice:
             url,
             self.bytes_out,
             self.tokens,
-            self.resumes,
+            self.charged,
             self.max_resumes,
         )
         return self.continuation()
+
+    def pause(self) -> float:
+        """How long to wait before this continuation: none after progress, backing off after none."""
+        return 0.0 if not self.idle else min(0.05 * 2**self.idle, 0.5)
 
     def surfaced(self) -> bytes:
         """What to hand the caller when the stream ends without resuming: the held final event, if any."""
@@ -394,6 +413,7 @@ class _SyncStream(httpx.SyncByteStream):
 
     def _resume(self, reason: str) -> httpx.Response | None:
         body = self.splice.begin_resume(reason, self.request.url)
+        time.sleep(self.splice.pause())
         deadline = time.monotonic() + RETRY_WINDOW
         for attempt in range(RETRY_ATTEMPTS):
             try:
@@ -493,6 +513,7 @@ class _AsyncStream(httpx.AsyncByteStream):
         import anyio
 
         body = self.splice.begin_resume(reason, self.request.url)
+        await anyio.sleep(self.splice.pause())
         deadline = time.monotonic() + RETRY_WINDOW
         for attempt in range(RETRY_ATTEMPTS):
             try:

@@ -16,7 +16,7 @@ import pytest
 from graceful.soak import SoakConfig, SoakReport, run_soak
 from tests.resume_utils import replica, service
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 
 def _forgets_continuations(app: Any) -> Any:
@@ -98,3 +98,26 @@ async def test_soak_resume_catches_a_continuation_that_starts_over() -> None:
     assert handed_off >= 2
     assert counts["token_mismatch"] == handed_off and counts["resumed"] == 0
     assert report.exit_code == 1
+
+
+async def test_quick_rollout_hands_long_streams_off() -> None:
+    """The long-streams-handoff scenario at --quick size: streams longer than the grace period continue
+    on a new replica; nothing ends by the server, is truncated or mismatched, and the old replica leaves
+    within its propagation wait + 5 s instead of at its deadline."""
+    import tempfile
+
+    from examples.rollout.report import expectations, side_summary
+    from examples.rollout.scenarios import Options, run_side
+
+    options = Options.resolve(scenario="long-streams-handoff", quick=True, seed=7)
+    assert min(options.stream_tokens) / options.tokens_per_second > options.grace_period
+    with tempfile.TemporaryDirectory(prefix="g-logs-") as logs:
+        side = await run_side("graceful", options, log_dir=logs, log=lambda line: None)
+    summary = side_summary(side, options)
+    reasons = summary["by_reason"]
+    assert reasons["resumed"] > 0, summary
+    for reason in ("ended_by_server", "truncated", "token_mismatch", "ambiguous", "timeout", "http_error"):
+        assert reasons[reason] == 0, (reason, summary)
+    assert summary["exit_median"] <= options.propagation_wait + 5.0
+    assert summary["sigkills"] == 0 and summary["duplicates"] == 0
+    assert expectations(summary, options) == []

@@ -43,6 +43,7 @@ class ReplicaSettings:
     queue_size: int = 256
     load_delay: float = 0.5
     ignore_term: bool = False
+    handoff_streams: bool = False  # graceful side only: GRACEFUL_HANDOFF_STREAMS=1
     log_dir: str = field(default_factory=tempfile.gettempdir)
 
     def environment(self, name: str, socket_dir: str) -> dict[str, str]:
@@ -62,6 +63,8 @@ class ReplicaSettings:
         }
         if self.reserve is not None:
             env["GRACEFUL_EXAMPLE_RESERVE"] = f"{self.reserve:g}"
+        if self.handoff_streams and self.kind == "graceful":
+            env["GRACEFUL_HANDOFF_STREAMS"] = "1"
         return env
 
     def command(self, port: int, socket_dir: str) -> list[str]:

@@ -26,6 +26,7 @@ SCENARIOS = (
     "default",
     "strict-clients",
     "long-streams",
+    "long-streams-handoff",
     "ignore-term",
     "prestop-timeout",
     "lb-delay-30s",
@@ -87,8 +88,9 @@ class Options:
         options = replace(options, **user)
         if scenario == "strict-clients" and "retry" not in user:
             options = replace(options, retry="none")
-        elif scenario == "long-streams":
+        elif scenario in ("long-streams", "long-streams-handoff"):
             # Streams half as long again as the whole grace period: no drain can wait for them.
+            # With handoff, the old replica hands them to a live one instead (docs/resume.md).
             options = replace(options, stream_tokens=(int(options.tokens_per_second * options.grace_period * 1.5),))
         elif scenario == "lb-delay-30s":
             delay = user.get("lb_delay", 30.0)
@@ -120,6 +122,11 @@ class Options:
             raise ConfigError(f"reserve {self.reserve!r} is not below --grace-period {self.grace_period!r}")
 
     @property
+    def handoff(self) -> bool:
+        """Graceful replicas hand off resumable streams; clients send through the resuming transport."""
+        return self.scenario == "long-streams-handoff"
+
+    @property
     def longest_stream(self) -> float:
         return max(self.stream_tokens) / self.tokens_per_second
 
@@ -133,6 +140,7 @@ class Options:
             tokens_per_second=self.tokens_per_second,
             load_delay=self.load_delay,
             ignore_term=self.scenario == "ignore-term",
+            handoff_streams=self.handoff,
             log_dir=log_dir,
         )
 
@@ -153,7 +161,7 @@ class Options:
         plain = max(1, self.concurrency // 2)
         per_stream = max(1, (self.concurrency - plain) // streams)
         timeout = self.longest_stream * 2 + 15
-        common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout}
+        common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout, "resume": self.handoff}
         configs = [
             SoakConfig(
                 concurrency=plain,
