@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 import graceful
-from graceful._resume import Splice
+from graceful._splice import Splice
 from tests.resume_utils import expected_text, replica, service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
