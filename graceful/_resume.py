@@ -37,6 +37,11 @@ def _is_sse(response: httpx.Response) -> bool:
     return media.split(";", 1)[0].strip().lower() == "text/event-stream"
 
 
+def _candidate(request: httpx.Request) -> bool:
+    """Whether the body is worth reading: other requests (uploads) are passed on unread."""
+    return request.method == "POST" and request.url.path.rstrip("/").endswith("/completions")
+
+
 def _prepare(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | None:
     found = plan(request, body)
     if found is not None:
@@ -70,7 +75,7 @@ class ResumingTransport(httpx.BaseTransport):
         self.transport = transport if transport is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read() if request.method == "POST" else b""
+        body = request.read() if _candidate(request) else b""
         found = _prepare(request, body)
         response = self.transport.handle_request(request)
         if found is None or response.status_code != 200 or not _is_sse(response):
@@ -168,7 +173,7 @@ class AsyncResumingTransport(httpx.AsyncBaseTransport):
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread() if request.method == "POST" else b""
+        body = await request.aread() if _candidate(request) else b""
         found = _prepare(request, body)
         response = await self.transport.handle_async_request(request)
         if found is None or response.status_code != 200 or not _is_sse(response):
