@@ -162,6 +162,8 @@ class Options:
         per_stream = max(1, (self.concurrency - plain) // streams)
         timeout = self.longest_stream * 2 + 15
         common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout, "resume": self.handoff}
+        # A stream may live through every drain of the rollout: let it continue after each.
+        common["max_resumes"] = self.replicas * self.updates
         configs = [
             SoakConfig(
                 concurrency=plain,

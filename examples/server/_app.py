@@ -138,7 +138,7 @@ class _Handlers:
         except Invalid as exc:
             return _error(400, str(exc), "invalid_request_error", exc.param)
         key = request.headers.get("idempotency-key")
-        if job.start:
+        if job.continued:
             # A continuation (docs/resume.md) carries its stream's key: it is the rest of that
             # execution on another replica, not a second one, so the store leaves it alone.
             key = None

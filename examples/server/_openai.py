@@ -57,6 +57,7 @@ class Job:
     created: int
     start: int = 0  # the index of the first token: how far the given text has counted already
     include_usage: bool = False  # stream_options.include_usage: a final usage chunk before [DONE]
+    continued: bool = False  # a continuation: chat with continue_final_message, or a prompt ending in the count
 
 
 def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int) -> Job:
@@ -94,7 +95,8 @@ def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int) -
     include_usage = _include_usage(body.get("stream_options"), stream)
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
     job_id = f"{prefix}-{uuid.uuid4().hex}"
-    return Job(kind, model, prompt_tokens, wanted, stream, job_id, int(time.time()), start, include_usage)
+    continued = bool(start) or (kind == "chat" and body.get("continue_final_message") is True)
+    return Job(kind, model, prompt_tokens, wanted, stream, job_id, int(time.time()), start, include_usage, continued)
 
 
 def _include_usage(options: object, stream: bool) -> bool:
