@@ -38,14 +38,16 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def replica(name: str, wrap: Callable[[Any], Any] | None = None, **options: Any) -> AsyncIterator[Replica]:
+async def replica(
+    name: str, wrap: Callable[[Any], Any] | None = None, slots: int = 32, **options: Any
+) -> AsyncIterator[Replica]:
     """One example server under uvicorn on 127.0.0.1, SERVING when yielded; ``options`` go to the middleware.
 
     ``wrap``, if given, wraps the served ASGI app (to alter what the example server receives).
     """
     options.setdefault("grace_period", 30)
     options.setdefault("propagation_wait", 0.2)
-    config = Config(tokens_per_second=TOKENS_PER_SECOND, load_delay=0.0, slots=32)
+    config = Config(tokens_per_second=TOKENS_PER_SECOND, load_delay=0.0, slots=slots)
     app = create_app(config, registry=CollectorRegistry(), name=name, admin=False, **options)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
