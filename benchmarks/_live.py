@@ -21,10 +21,22 @@ def root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def listening_port(pid: int) -> int | None:
+    """The TCP port process ``pid`` listens on at 127.0.0.1, read from /proc (it bound port 0)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return None
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes and fields[1].startswith("0100007F:"):
+                return int(fields[1].split(":")[1], 16)
+    return None
 
 
 def wait_for(check: object, timeout: float = 20.0, what: str = "condition") -> None:
@@ -95,17 +107,28 @@ def get(conn: http.client.HTTPConnection, path: str) -> int:
 @contextmanager
 def graceful_run(app: str = "benchmarks.apps:holder", *options: str) -> Iterator[Server]:
     """``graceful run APP`` on 127.0.0.1 with its own short socket dir; waits until /ready answers 200."""
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="gb-", dir="/tmp") as socket_dir:
-        command = [sys.executable, "-m", "graceful", "run", app, "--port", str(port), "--socket-dir", socket_dir]
+        # Port 0: the kernel picks a free port as the server binds it (no window for another process).
+        command = [sys.executable, "-m", "graceful", "run", app, "--port", "0", "--socket-dir", socket_dir]
         proc = subprocess.Popen(
             [*command, "--log-level", "warning", *options],
             cwd=root(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        server = Server(proc, port, socket_dir)
+        found: list[int] = []
+
+        def bound() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"graceful run exited with {proc.returncode}")
+            port = listening_port(proc.pid)
+            found.extend([port] if port else [])
+            return bool(port)
+
+        server = Server(proc, 0, socket_dir)
         try:
+            wait_for(bound, what="graceful run to listen")
+            server.port = found[0]
             conn = server.probe()
 
             def ready() -> bool:

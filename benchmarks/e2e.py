@@ -27,28 +27,35 @@ PATHS = {"short": "/v1/hello", "stream": "/v1/stream"}  # a short JSON response;
 _RPS = re.compile(rb"Requests/sec:\s+([0-9.]+)")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _answers(port: int) -> bool:
+    """Whether the server behind ``port`` answers an HTTP request (any status)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            return bool(sock.recv(1))
+    except OSError:
+        return False
 
 
 @contextmanager
 def uvicorn_server(target: str) -> Iterator[int]:
-    port = _free_port()
-    command = [sys.executable, "-m", "uvicorn", target, "--port", str(port), "--log-level", "warning"]
+    # uvicorn inherits a socket bound and listening here (--fd): no window for another process.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    port = int(listener.getsockname()[1])
+    command = [sys.executable, "-m", "uvicorn", target, "--fd", str(listener.fileno()), "--log-level", "warning"]
     # wrk cuts its connections mid-stream when it stops; asyncio logs each cut write on stderr.
-    proc = subprocess.Popen([*command, "--no-access-log"], cwd=_root(), stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*command, "--no-access-log"], cwd=_root(), stderr=subprocess.DEVNULL, pass_fds=(listener.fileno(),)
+    )
+    listener.close()
     try:
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"uvicorn {target} did not start") from None
-                time.sleep(0.02)
+        while not _answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn {target} did not start")
+            time.sleep(0.02)
         yield port
     finally:
         proc.terminate()

@@ -1,16 +1,23 @@
-"""The admin client: finds every worker's socket and talks to all of them at once."""
+"""The admin client: finds every worker's socket and talks to all of them at once.
+
+It speaks the little HTTP/1.1 the admin server answers (``_admin_server``) over the
+Unix socket itself, with blocking sockets and one thread per worker: the preStop hook's
+start-up counts against the grace period, and this keeps it free of asyncio and any
+HTTP library.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import socket as _socket
 import stat
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import anyio
-import httpx
+from urllib.parse import urlencode
 
 from ._paths import default_socket_dir
 
@@ -47,27 +54,187 @@ def discover(socket_dir: str | None = None, socket: str | None = None) -> list[s
     return paths
 
 
-def _client(path: str, timeout: float | None = 5.0) -> httpx.AsyncClient:
-    # The host name is only a label: the transport always dials the Unix socket.
-    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), base_url="http://graceful", timeout=timeout)
+# A status line and headers longer than this are not from our server.
+_MAX_HEAD = 16 * 1024
+_MAX_LINE = 1024 * 1024
+# A small request (status, resume) gets this long, connect to last byte.
+_REQUEST_TIMEOUT = 5.0
 
 
-async def request_all(paths: list[str], method: str, url: str) -> dict[str, dict[str, Any] | None]:
-    """Send one small request to every socket; ``None`` for a socket nobody answers on."""
-    answers: dict[str, dict[str, Any] | None] = {}
+class _Unreachable(Exception):
+    """Nothing accepts connections on the socket."""
 
-    async def one(path: str) -> None:
+
+class _Broken(Exception):
+    """The answer stopped, ran out of time, or was not the HTTP/1.1 the admin server sends."""
+
+
+class _Answer:
+    """One response read off a blocking socket: its status, then its body chunk by chunk or line by line.
+
+    Every read ends by ``deadline`` (``time.monotonic()``), or never when it is ``None``.
+    """
+
+    def __init__(self, sock: _socket.socket, deadline: float | None) -> None:
+        self.status = 0
+        self._sock = sock
+        self._deadline = deadline
+        self._chunked = False
+        self._left: int | None = None
+        self._buffer = b""
+
+    def _more(self) -> bytes:
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise _Broken("no answer in time")
+            self._sock.settimeout(left)
         try:
-            async with _client(path) as client:
-                response = await client.request(method, url)
-            answers[path] = response.json()
-        except (httpx.TransportError, ValueError):
+            return self._sock.recv(65536)
+        except TimeoutError:
+            raise _Broken("no answer in time") from None
+        except OSError:
+            return b""
+
+    def _fill(self, size: int) -> None:
+        while len(self._buffer) < size:
+            data = self._more()
+            if not data:
+                raise _Broken("the connection closed mid-answer")
+            self._buffer += data
+
+    def _until(self, marker: bytes, cap: int) -> bytes:
+        while (end := self._buffer.find(marker)) < 0:
+            if len(self._buffer) > cap:
+                raise _Broken("an answer line is too long")
+            data = self._more()
+            if not data:
+                raise _Broken("the connection closed mid-answer")
+            self._buffer += data
+        line, self._buffer = self._buffer[:end], self._buffer[end + len(marker) :]
+        return line
+
+    def read_head(self) -> None:
+        head = self._until(b"\r\n\r\n", _MAX_HEAD)
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise _Broken(f"not an HTTP answer: {status_line[:60]!r}")
+        headers = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = headers.get("content-length", "")
+        self.status = int(parts[1])
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._left = int(length) if length.isdigit() else None
+
+    def chunks(self) -> Iterator[bytes]:
+        if self._chunked:
+            while True:
+                size_line = self._until(b"\r\n", 64)
+                try:
+                    size = int(size_line.split(b";", 1)[0], 16)
+                except ValueError:
+                    raise _Broken("a bad chunk size") from None
+                if size == 0:
+                    return
+                self._fill(size + 2)
+                chunk, self._buffer = self._buffer[:size], self._buffer[size + 2 :]
+                yield chunk
+        left = self._left
+        while left is None or left > 0:
+            data, self._buffer = self._buffer or self._more(), b""
+            if not data:
+                if left is None:
+                    return
+                raise _Broken("the connection closed mid-answer")
+            if left is not None:
+                data = data[:left]
+                left -= len(data)
+            yield data
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks())
+
+    def lines(self) -> Iterator[bytes]:
+        pending = b""
+        for chunk in self.chunks():
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            yield from complete
+            if len(pending) > _MAX_LINE:
+                raise _Broken("an answer line is too long")
+        if pending:
+            yield pending
+
+
+def _exchange(path: str, method: str, target: str, deadline: float | None, opened: list[_socket.socket]) -> _Answer:
+    """Send one request without a body and read the answer's head; the body is the caller's to read.
+
+    The socket goes into ``opened``: the caller closes it, which also stops a read in another thread.
+    """
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    opened.append(sock)
+    sock.settimeout(None if deadline is None else max(0.001, deadline - time.monotonic()))
+    try:
+        sock.connect(path)
+    except TimeoutError:
+        raise _Broken("no answer in time") from None
+    except OSError as exc:
+        raise _Unreachable(str(exc)) from None
+    request = f"{method} {target} HTTP/1.1\r\nHost: graceful\r\nContent-Length: 0\r\n\r\n"
+    try:
+        sock.sendall(request.encode("ascii"))
+    except OSError:
+        raise _Broken("the connection closed before the request was sent") from None
+    answer = _Answer(sock, deadline)
+    answer.read_head()
+    return answer
+
+
+def _close(sockets: list[_socket.socket]) -> None:
+    for sock in sockets:
+        try:
+            sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+
+def _in_threads(work: Callable[[str], None], paths: list[str], limit: float | None, tick: Callable[[], None]) -> None:
+    """Run ``work(path)`` for every path at once; call ``tick`` about once a second until all end or ``limit``."""
+    threads = [threading.Thread(target=work, args=(path,), daemon=True) for path in paths]
+    for thread in threads:
+        thread.start()
+    end = None if limit is None else time.monotonic() + limit
+    for thread in threads:
+        while thread.is_alive():
+            wait = 1.0 if end is None else min(1.0, end - time.monotonic())
+            if wait <= 0:
+                return
+            thread.join(wait)
+            if thread.is_alive():
+                tick()
+
+
+def request_all(paths: list[str], method: str, url: str) -> dict[str, dict[str, Any] | None]:
+    """Send one small request to every socket; ``None`` for a socket nobody answers on in time."""
+    answers: dict[str, dict[str, Any] | None] = dict.fromkeys(paths)
+    opened: list[_socket.socket] = []
+
+    def one(path: str) -> None:
+        try:
+            answer = _exchange(path, method, url, time.monotonic() + _REQUEST_TIMEOUT, opened)
+            answers[path] = json.loads(answer.body())
+        except (_Unreachable, _Broken, ValueError):
             answers[path] = None
 
-    async with anyio.create_task_group() as tg:
-        for path in paths:
-            tg.start_soon(one, path)
-    return {path: answers[path] for path in paths}
+    try:
+        _in_threads(one, paths, _REQUEST_TIMEOUT + 1.0, lambda: None)
+    finally:
+        _close(opened)
+    return dict(answers)
 
 
 @dataclass
@@ -95,7 +262,7 @@ class WorkerDrain:
         return {"socket": self.path, "pid": self.pid, "result": self.result, "error": self.error}
 
 
-async def drain_all(
+def drain_all(
     paths: list[str],
     *,
     propagation_wait: float | None = None,
@@ -104,7 +271,11 @@ async def drain_all(
     propagation_quiet: float | None = None,
     on_tick: Callable[[list[WorkerDrain]], None] | None = None,
 ) -> list[WorkerDrain]:
-    """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs."""
+    """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs.
+
+    Blocks until every worker has sent its final line, or until the drain's own limit plus a
+    margin has passed (never, without a ``timeout``).
+    """
     params: dict[str, str] = {"reason": reason}
     if propagation_wait is not None:
         params["propagation_wait"] = f"{propagation_wait}s"
@@ -112,47 +283,47 @@ async def drain_all(
         params["propagation_quiet"] = f"{propagation_quiet}s"
     if timeout is not None:
         params["timeout"] = f"{timeout}s"
-    workers = [WorkerDrain(path) for path in paths]
+    workers = {path: WorkerDrain(path) for path in paths}
     limit = None if timeout is None else max(timeout, propagation_wait or 0.0) + _CLIENT_SLACK
+    opened: list[_socket.socket] = []
 
-    async def one(worker: WorkerDrain) -> None:
+    def one(path: str) -> None:
+        worker = workers[path]
         try:
-            async with _client(worker.path, timeout=None) as client:
-                async with client.stream("POST", "/drain", params=params) as response:
-                    if response.status_code != 200:
-                        body = (await response.aread()).decode(errors="replace").strip()
-                        worker.error = f"HTTP {response.status_code}: {body}"
-                        return
-                    async for line in response.aiter_lines():
-                        if line.strip():
-                            _absorb(worker, json.loads(line))
-        except httpx.ConnectError:
+            answer = _exchange(path, "POST", "/drain?" + urlencode(params), None, opened)
+            if answer.status != 200:
+                body = answer.body().decode(errors="replace").strip()
+                worker.error = f"HTTP {answer.status}: {body}"
+                return
+            for line in answer.lines():
+                if line.strip():
+                    _absorb(worker, json.loads(line))
+        except _Unreachable:
             worker.reachable = False
             return
-        except (httpx.TransportError, ValueError) as exc:
-            worker.error = f"lost the connection before the drain ended ({type(exc).__name__})"
+        except (_Broken, ValueError) as exc:
+            if not given_up.is_set():  # else the socket was closed under it: the limit passed
+                worker.error = f"lost the connection before the drain ended ({exc})"
             return
-        if worker.result is None:
+        if worker.result is None and not given_up.is_set():
             worker.error = "the server closed the connection before the drain ended"
 
-    async def ticker() -> None:
-        while on_tick is not None:
-            await anyio.sleep(1.0)
-            on_tick(workers)
+    def tick() -> None:
+        if on_tick is not None:
+            on_tick(list(workers.values()))
 
-    with anyio.move_on_after(limit if limit is not None else float("inf")):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ticker)
-            async with anyio.create_task_group() as drains:
-                for worker in workers:
-                    drains.start_soon(one, worker)
-            tg.cancel_scope.cancel()
-    for worker in workers:
-        if not worker.done:
-            worker.error = "no final answer in time"
-    if not any(worker.reachable for worker in workers):
+    given_up = threading.Event()
+    try:
+        _in_threads(one, paths, limit, tick)
+    finally:
+        given_up.set()
+        for worker in workers.values():
+            if not worker.done:
+                worker.error = "no final answer in time"
+        _close(opened)
+    if not any(worker.reachable for worker in workers.values()):
         raise NoServer("no graceful server found: nothing is listening on " + ", ".join(paths))
-    return workers
+    return list(workers.values())
 
 
 def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:

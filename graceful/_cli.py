@@ -14,7 +14,6 @@ import sys
 import time
 from typing import Any, NoReturn
 
-import anyio
 import click
 from click.core import ParameterSource
 
@@ -160,14 +159,12 @@ def drain_command(
 
     try:
         paths = discover(socket_dir, socket)
-        workers = anyio.run(
-            lambda: drain_all(
-                paths,
-                propagation_wait=propagation_wait,
-                propagation_quiet=propagation_quiet,
-                timeout=timeout,
-                on_tick=progress,
-            )
+        workers = drain_all(
+            paths,
+            propagation_wait=propagation_wait,
+            propagation_quiet=propagation_quiet,
+            timeout=timeout,
+            on_tick=progress,
         )
     except NoServer as exc:
         click.echo(f"graceful: {exc}", err=True)
@@ -176,8 +173,6 @@ def drain_command(
 
 
 def _conclude(workers: list[WorkerDrain], started: float, *, quiet: bool, json_output: bool) -> int:
-    # Its own function: CPython 3.11's tracer loses the rest of a frame after anyio.run()
-    # (cpython#106749), which would hide this from coverage.
     live = [w for w in workers if w.reachable]
     ok = all(w.result is not None and w.result.get("result") == "drained" for w in live)
     if json_output:
@@ -279,7 +274,7 @@ def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method:
         _fail(ctx, "use --socket-dir or --socket, not both")
     try:
         paths = discover(socket_dir, socket)
-        answers = anyio.run(request_all, paths, method, url)
+        answers = request_all(paths, method, url)
     except NoServer as exc:
         click.echo(f"graceful: {exc}", err=True)
         ctx.exit(EXIT_NO_SERVER)

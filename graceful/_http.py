@@ -111,6 +111,7 @@ async def _drop_body(scope: Scope, receive: Receive) -> bool:
 
 
 _NO_HEADERS: list[tuple[bytes, bytes]] = []  # shared until a response starts; never mutated
+_STARTED: list[tuple[bytes, bytes]] = []  # a response started without headers; never mutated
 
 
 async def _drop(message: Message) -> None:
@@ -177,6 +178,12 @@ class Call(Tracked):
             return self._send_last(message)
         if kind == "http.response.start":
             config = self.config
+            if config.request_id_header is None and self.ledger.state is SERVING:
+                # Nothing to add: the app's message goes through as it is.
+                self.headers = message.get("headers") or _STARTED
+                return self._send(message)
+            # A copy of the app's list (it may reuse one list for every response), set into its
+            # message in place, as starlette's MutableHeaders does.
             headers = list(message.get("headers", ()))
             if config.request_id_header is not None:
                 headers.append((config.request_id_header, request_id(config, self.scope)))
@@ -185,10 +192,9 @@ class Call(Tracked):
                     # Keep-alive clients and balancers must stop reusing this connection.
                     headers.append((b"connection", b"close"))
                 if self.ledger.handing_off:
-                    self.headers = headers
-                    return self._start_then_hand_off({**message, "headers": headers})
-            self.headers = headers
-            message = {**message, "headers": headers}
+                    self.headers = message["headers"] = headers
+                    return self._start_then_hand_off(message)
+            self.headers = message["headers"] = headers
         return self._send(message)
 
     async def _start_then_hand_off(self, message: Message) -> None:
@@ -199,7 +205,9 @@ class Call(Tracked):
     async def _send_last(self, message: Message) -> None:
         """The body message that ends the response: the count ends once the server has it."""
         await self._send(message)
-        self.finish(COMPLETED)
+        if self.open:  # Tracked.finish, inlined: this runs once per request
+            self.open = False
+            self.ledger.release_item(self, COMPLETED)
 
     def content_type(self) -> bytes:
         for name, value in self.headers:

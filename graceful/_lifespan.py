@@ -1,7 +1,8 @@
 """Lifespan: STARTING -> SERVING when the app's startup completes, STOPPED at shutdown.
 
-The admin listener lives in the lifespan task, which every ASGI server keeps for
-the life of the process, so it works under any server that runs lifespan.
+The admin listener and the SIGTERM takeover live in the lifespan task, which every
+ASGI server keeps for the life of the process, so they work under any server that
+runs lifespan.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ class _Services:
                         await tg.start(server.serve)
                     if config.mirror is not None:
                         tg.start_soon(_mirror_loop, config.mirror)
+                    drain = config.drain
+                    if drain.config.drain_on_sigterm and drain.signals_owner is None:
+                        from ._signals import SignalDrain
+
+                        await tg.start(SignalDrain(drain).run)
                     task_status.started()
         finally:
             self.stopped.set()

@@ -68,7 +68,7 @@ class DrainConfig:
         metadata=_doc(
             "env `GRACEFUL_HANDOFF_STREAMS`, else False",
             "once the propagation wait has passed, end resumable SSE streams at once with the final event, "
-            "for the client to continue elsewhere (see docs/resume.md)",
+            "for the client to continue elsewhere (see [Resumable streams](resume.md))",
         ),
     )
     on_drain_start: Hook | None = field(
@@ -84,6 +84,14 @@ class DrainConfig:
     )
     unwind_timeout: float = field(
         default=2.0, metadata=_doc("2 s", "after the deadline, how long to wait for cancelled work to unwind")
+    )
+    drain_on_sigterm: bool = field(
+        default=True,
+        metadata=_doc(
+            "env `GRACEFUL_DRAIN_ON_SIGTERM`, else True",
+            "SIGTERM/SIGINT start the drain and reach the server's own handler once it has ended "
+            "(see [outside Kubernetes](outside-kubernetes.md)); False leaves them to the server",
+        ),
     )
 
     @classmethod
@@ -107,6 +115,11 @@ class DrainConfig:
             handoff = _env_flag("GRACEFUL_HANDOFF_STREAMS")
         if not isinstance(handoff, bool):
             raise ConfigError(f"handoff_streams: expected True or False, got {handoff!r}")
+        sigterm = options.get("drain_on_sigterm")
+        if sigterm is None:
+            sigterm = _env_flag("GRACEFUL_DRAIN_ON_SIGTERM", default=True)
+        if not isinstance(sigterm, bool):
+            raise ConfigError(f"drain_on_sigterm: expected True or False, got {sigterm!r}")
         config = cls(
             grace_period=budget.grace_period,
             reserve=budget.reserve,
@@ -119,6 +132,7 @@ class DrainConfig:
             on_drained=options.get("on_drained"),
             hook_timeout=parse_duration(options.get("hook_timeout", 5.0), name="hook_timeout"),
             unwind_timeout=parse_duration(options.get("unwind_timeout", 2.0), name="unwind_timeout"),
+            drain_on_sigterm=sigterm,
         )
         for problem in budget.problems(admit=admit):
             logger.warning("budget: %s", problem)
@@ -152,12 +166,14 @@ class DrainConfig:
         return wait, quiet, limit
 
 
-def _env_flag(name: str) -> bool:
+def _env_flag(name: str, default: bool = False) -> bool:
     raw = os.environ.get(name, "").strip().lower()
     if raw in ("1", "true", "yes", "on"):
         return True
-    if raw in ("", "0", "false", "no", "off"):
+    if raw in ("0", "false", "no", "off"):
         return False
+    if raw == "":
+        return default
     raise ConfigError(f"environment variable {name}: {raw!r} is not a boolean; use 1 or 0")
 
 

@@ -60,6 +60,7 @@ class GracefulServer(uvicorn.Server):
         self._wakeup: asyncio.Event | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._was_draining = False
+        drain.signals_owner = "graceful run"  # SIGTERM drains here: the middleware leaves it alone
         drain.add_listener(self._on_drain_change)
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
@@ -217,7 +218,7 @@ class _Supervisor(Multiprocess):
 
         paths = [socket_path(self.socket_dir, process.pid) for process in self.processes if process.pid]
         try:
-            workers = anyio.run(lambda: drain_all(paths, reason=reason))
+            workers = drain_all(paths, reason=reason)
             for worker in workers:
                 outcome = worker.result.get("result") if worker.result else worker.error
                 logger.info("worker %s: %s", worker.pid or worker.path, outcome)
@@ -264,7 +265,9 @@ def _worker_app() -> GracefulMiddleware:
     """App factory for ``--workers N``: each spawned worker loads and wraps the app itself."""
     options = json.loads(os.environ.get(_OPTIONS_ENV, "{}"))
     explicit = frozenset(options.pop("_explicit", []))
-    return load_app(os.environ[_APP_ENV], options, explicit=explicit)
+    app = load_app(os.environ[_APP_ENV], options, explicit=explicit)
+    app.drain.signals_owner = "graceful run --workers"  # the supervisor drains the workers
+    return app
 
 
 def _log_config(level: str) -> dict[str, Any]:

@@ -61,6 +61,9 @@ class Drain:
         # Set by a drain run once its propagation phase is over with handoff_streams on:
         # resumable streams are then ended for their clients to continue elsewhere.
         self.handing_off = False
+        # Who handles SIGTERM for this process when it is not the middleware (``graceful run``
+        # sets it); while None, the middleware drains on SIGTERM (``drain_on_sigterm``).
+        self.signals_owner: str | None = None
 
     # -- reading ---------------------------------------------------------------------
 

@@ -1,11 +1,22 @@
+"""Fixtures shared by the test files."""
+
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import uvicorn
 from prometheus_client import CollectorRegistry
+
+from graceful import GracefulMiddleware
+from tests.apps.streaming import app as streaming_app
+from tests.servers import Launched, Served
+from tests.utils import listening_socket
 
 
 @pytest.fixture
@@ -27,7 +38,48 @@ def socket_dir() -> Iterator[str]:
         yield path
 
 
-# Fixtures that start real servers, shared by the *_more test files (defined once, next to
-# the tests they grew with).
-from tests.test_cli import served  # noqa: E402, F401
-from tests.test_run import launch  # noqa: E402, F401
+@pytest.fixture
+def launch(socket_dir: str, tmp_path: Path) -> Iterator[Callable[..., Launched]]:
+    """Start servers as subprocesses (``graceful run`` unless ``server=`` names another, see
+    tests/servers.py); every one is stopped at teardown.
+
+    ``graceful run`` gets ``--grace-period 6 --reserve 1`` before the options given.
+    """
+    started: list[Launched] = []
+
+    def start(
+        *options: str, app: str = "tests.apps.streaming:app", server: str = "graceful-run", **env: str
+    ) -> Launched:
+        if server == "graceful-run":
+            options = ("--grace-period", "6", "--reserve", "1", *options)
+        launched = Launched(server, app, options, socket_dir, tmp_path / f"server-{len(started)}.log", **env)
+        started.append(launched)
+        return launched
+
+    yield start
+    for launched in started:
+        launched.stop()
+
+
+@pytest.fixture
+def served(socket_dir: str) -> Iterator[Served]:
+    """A real uvicorn in a thread (CliRunner runs its own event loop on this one), on a socket
+    bound here and passed in."""
+    mw = GracefulMiddleware(
+        streaming_app, registry=CollectorRegistry(), socket_dir=socket_dir, grace_period=6, reserve=1
+    )
+    sock = listening_socket()
+    server = uvicorn.Server(uvicorn.Config(mw, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:  # uvicorn offers a flag, not an event
+        assert thread.is_alive(), "uvicorn failed to start"
+        time.sleep(0.01)
+    assert server.started
+    try:
+        yield Served(mw, sock.getsockname()[1], socket_dir)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

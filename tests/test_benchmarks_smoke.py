@@ -1,16 +1,19 @@
 """Each benchmark script runs end to end at tiny sizes and prints its Markdown tables.
 
-Timings are never asserted here (benchmarks are not tests, see issue 9); only that the
-scripts still work against the current code and report every figure against its target.
+Timings are never asserted here (benchmarks are not tests); only that the scripts still
+work against the current code and report every figure against its target.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+from typing import Any
 
 import pytest
 
-from benchmarks import drain_reaction, e2e, engine, idle_return, inprocess, scale
+from benchmarks import drain_reaction, e2e, engine, idle_return, inprocess, peers, scale
+from graceful._types import Message
 
 
 def _tables(out: str) -> list[str]:
@@ -71,9 +74,80 @@ def test_e2e(capsys: pytest.CaptureFixture[str]) -> None:
     assert "| short |" in out
 
 
-def test_instructions_child_runs_every_variant() -> None:
-    """The callgrind script itself needs valgrind and minutes; its measured code runs here."""
+def test_instructions_child_runs_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callgrind script itself needs valgrind and minutes; its measured code runs here and
+    sends every request whole: 5 requests of a start, 3 frames and the closing body."""
     from benchmarks import instructions
 
     for variant in [*list(inprocess.VARIANTS)[:3], instructions.NO_REQUEST_ID]:
+        sent: list[Any] = []
+
+        async def record(message: Any) -> None:
+            sent.append(message)
+
+        monkeypatch.setattr(instructions, "sink", record)
         instructions.child(variant, 3, 5)
+        kinds = [(m["type"], m.get("status"), m.get("more_body")) for m in sent]
+        one = [("http.response.start", 200, None), *[("http.response.body", None, True)] * 3]
+        assert kinds == [*one, ("http.response.body", None, False)] * 5, variant
+
+
+def _peers_or_skip() -> None:
+    missing = peers.missing_peers()
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (pip install -e '.[peers]')")
+
+
+def test_peers_time(capsys: pytest.CaptureFixture[str]) -> None:
+    _peers_or_skip()
+    peers.main(["--no-instructions", "--rounds", "2", "--round-ms", "1", "--frames", "5"])
+    out = capsys.readouterr().out
+    for variant in peers.VARIANTS:
+        assert f"| {variant} |" in out
+    assert "Instructions" not in out
+
+
+def test_peers_do_their_job_on_the_benchmark_apps() -> None:
+    """Each peer counts every benchmark request (in progress during it, done after), or echoes a fresh id.
+
+    starlette-exporter drops requests that no route matched unless told not to; the raw apps have no router.
+    """
+    _peers_or_skip()
+    from prometheus_client import REGISTRY
+
+    exporter = peers.starlette_exporter(inprocess.make_app(3))
+    instrumentator = peers.instrumentator(inprocess.make_app(3))
+    correlation = peers.correlation_id(inprocess.make_app(3))
+    gauge = instrumentator.inprogress  # type: ignore[attr-defined]
+    in_progress = {"method": "POST", "app_name": "starlette"}
+    done = {**in_progress, "path": "/v1/chat/completions", "status_code": "200"}
+    seen: list[tuple[float | None, float, dict[bytes, bytes]]] = []
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            exported = REGISTRY.get_sample_value("starlette_requests_in_progress", in_progress)
+            seen.append((exported, gauge.collect()[0].samples[0].value, dict(message["headers"])))
+
+    async def drive() -> None:
+        for app in (exporter, instrumentator, correlation):
+            for _ in range(4):
+                await app(dict(inprocess.SCOPE), inprocess.receive, send)
+
+    before = REGISTRY.get_sample_value("starlette_requests_total", done) or 0.0
+    asyncio.run(drive())
+    assert REGISTRY.get_sample_value("starlette_requests_total", done) == before + 4
+    assert [s[0] for s in seen[:4]] == [1, 1, 1, 1]
+    assert REGISTRY.get_sample_value("starlette_requests_in_progress", in_progress) == 0
+    labels = {"method": "POST", "status": "2xx", "handler": "none"}
+    assert instrumentator.registry.get_sample_value("http_requests_total", labels) == 4  # type: ignore[attr-defined]
+    assert [s[1] for s in seen[4:8]] == [1, 1, 1, 1]
+    assert gauge.collect()[0].samples[0].value == 0
+    ids = [s[2][b"x-request-id"] for s in seen[8:]]
+    assert len(set(ids)) == 4 and all(len(i) == 32 for i in ids)  # a fresh uuid4 hex each: the scope is not shared
+
+
+def test_peers_child_runs_every_variant() -> None:
+    """The callgrind counts need valgrind and minutes; the code each child process runs is driven here."""
+    _peers_or_skip()
+    for variant in peers.VARIANTS:
+        peers.child(variant, 3, 5)

@@ -123,3 +123,129 @@ def test_admit_mode_warns_when_the_wait_eats_the_drain_limit(caplog: pytest.LogC
 def test_admit_during_propagation_must_be_a_bool() -> None:
     with pytest.raises(ConfigError, match="'yes'"):
         Drain(admit_during_propagation="yes")  # type: ignore[arg-type]
+
+
+# The messages are part of the promise: each names the wrong value and the fix.
+HELP = "use a number of seconds or a duration such as 10s, 1.5s, 500ms, 2m or 1m30s"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"grace_period": 0},
+            "grace_period: 0 leaves no time to drain; set it to the pod's terminationGracePeriodSeconds (e.g. 30)",
+        ),
+        (
+            {"grace_period": 30, "reserve": "45s"},
+            "reserve: '45s' is not smaller than grace_period 30s; lower the reserve or raise the grace period",
+        ),
+        ({"grace_period": "x"}, f"grace_period: 'x' is not a duration; {HELP}"),
+        ({"reserve": "x"}, f"reserve: 'x' is not a duration; {HELP}"),
+        ({"drain_timeout": "x"}, f"drain_timeout: 'x' is not a duration; {HELP}"),
+        ({"propagation_wait": "x"}, f"propagation_wait: 'x' is not a duration; {HELP}"),
+        ({"propagation_quiet": "x"}, f"propagation_quiet: 'x' is not a duration; {HELP}"),
+        (
+            {"propagation_quiet": "0s"},
+            "propagation_quiet: '0s' must be above 0; use the time without a new request after which the "
+            "balancers are taken to have stopped sending, e.g. 2s",
+        ),
+        (
+            {"propagation_wait": 2, "propagation_quiet": "3s"},
+            "propagation_quiet 3s is longer than propagation_wait 2s, its upper bound; raise propagation_wait to "
+            "at least 3s (e.g. --propagation-wait 30s) or shorten propagation_quiet",
+        ),
+        (
+            {"propagation_wait": 1, "propagation_quiet": 2},
+            "propagation_quiet 2s is longer than propagation_wait 1s, its upper bound; raise propagation_wait to "
+            "at least 2s (e.g. --propagation-wait 30s) or shorten propagation_quiet",
+        ),
+    ],
+)
+def test_budget_errors_word_for_word(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Budget.resolve(**options)  # type: ignore[arg-type]
+    assert str(info.value) == message
+
+
+def test_quiet_period_from_the_environment_is_named_in_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "5s")
+    with pytest.raises(ConfigError) as info:
+        Budget.resolve(propagation_wait=2)
+    assert str(info.value) == (
+        "propagation_quiet 5s (environment variable GRACEFUL_PROPAGATION_QUIET='5s') is longer than "
+        "propagation_wait 2s, its upper bound; raise propagation_wait to at least 5s (e.g. --propagation-wait 30s) "
+        "or shorten propagation_quiet"
+    )
+    monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "0")
+    with pytest.raises(ConfigError) as info:
+        Budget.resolve(propagation_wait=2)
+    assert str(info.value).startswith(
+        "propagation_quiet: '0' (environment variable GRACEFUL_PROPAGATION_QUIET='0') must be above 0;"
+    )
+    monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "1s")
+    assert Budget.resolve(propagation_wait=2).propagation_quiet == 1.0
+    monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "  ")  # blank: unset
+    assert Budget.resolve(propagation_wait=2).propagation_quiet is None
+
+
+def test_blank_grace_period_variable_means_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRACEFUL_GRACE_PERIOD", "")
+    assert Budget.resolve().grace_period == 30.0
+    monkeypatch.setenv("GRACEFUL_GRACE_PERIOD", "2m")
+    assert Budget.resolve(grace_period=50).grace_period == 50.0  # the option wins over the variable
+
+
+def test_budget_keeps_what_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRACEFUL_PROPAGATION_QUIET", raising=False)
+    assert Budget.resolve(grace_period=0.5, reserve=0.1) == Budget(0.5, 0.1, None, 0.0, None)
+    # Without a propagation wait here, a quiet period waits for a drain request that brings one.
+    assert Budget.resolve(propagation_quiet="5s") == Budget(30.0, 10.0, None, 0.0, 5.0)
+    assert Budget.resolve(propagation_wait=0.5, propagation_quiet=0.5).propagation_quiet == 0.5
+
+
+def test_default_name_in_a_duration_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration("soon")
+    assert str(info.value) == f"duration: 'soon' is not a duration; {HELP}"
+
+
+def test_longest_covered_is_never_negative() -> None:
+    budget = Budget.resolve(grace_period=30, reserve=10, drain_timeout=5, propagation_wait=8)
+    assert budget.longest_covered(admit=True) == 0.0
+
+
+def test_problems_word_for_word() -> None:
+    assert Budget.resolve(grace_period=30, reserve=10, propagation_wait=20).problems() == []  # fits exactly
+    assert Budget.resolve(grace_period=30, reserve=10, propagation_wait=25).problems() == [
+        "propagation_wait 25s does not fit in grace_period 30s - reserve 10s = 20s; "
+        "raise terminationGracePeriodSeconds or shorten the propagation wait"
+    ]
+    # No wait in admit mode: nothing to warn about, even with no drain time at all.
+    assert Budget.resolve(grace_period=30, reserve=10, drain_timeout=0).problems(admit=True) == []
+    assert Budget.resolve(grace_period=30, reserve=10, drain_timeout=0.5, propagation_wait=0.5).problems(
+        admit=True
+    ) == [
+        "admit mode: propagation_wait 0.5s leaves nothing of the drain limit 0.5s for the requests admitted "
+        "during it; size the budget as grace_period >= propagation_wait + 2 x longest request + reserve and "
+        "drain_timeout >= propagation_wait + 2 x longest request, or refuse during the wait "
+        "(admit_during_propagation=False)"
+    ]
+
+
+def test_describe_word_for_word() -> None:
+    budget = Budget.resolve(grace_period=100, reserve=30, propagation_wait=10)
+    assert budget.describe(admit=False) == (
+        "drain limit 70s (grace_period 100s - reserve 30s); refusing during the propagation wait: "
+        "requests of up to 70s are covered"
+    )
+    timed = Budget.resolve(grace_period=100, reserve=30, drain_timeout=50, propagation_wait=10)
+    assert timed.describe(admit=False) == (
+        "drain limit 50s (grace_period 100s - reserve 30s, drain_timeout 50s); refusing during the propagation "
+        "wait: requests of up to 50s are covered"
+    )
+    assert budget.describe(admit=True) == (
+        "drain limit 70s, admitting during the 10s propagation wait: requests of up to 30s are covered "
+        "(limit - propagation_wait, halved for a second request on a connection busy at drain start); for longer "
+        "ones raise terminationGracePeriodSeconds to propagation_wait + 2 x longest request + reserve"
+    )

@@ -11,11 +11,11 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
+import tomllib
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+from tests.utils import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+REPO = Path(ROOT)
 # Distribution name -> the module it installs, where they differ.
 MODULE_OF = {"prometheus-client": "prometheus_client"}
 # Imported only inside the feature that needs its extra, with a clear message when missing.
@@ -23,14 +23,14 @@ OPTIONAL = {"matplotlib": "plot"}
 
 
 def declared() -> set[str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     names = {re.split(r"[\s<>=!~\[;]", spec, maxsplit=1)[0].lower() for spec in project["dependencies"]}
     return {MODULE_OF.get(name, name.replace("-", "_")) for name in names}
 
 
 def imported() -> set[str]:
     found = set()
-    for path in (ROOT / "graceful").glob("*.py"):
+    for path in (REPO / "graceful").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found |= {alias.name.split(".")[0] for alias in node.names}
@@ -45,6 +45,6 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
 
 
 def test_optional_imports_belong_to_a_declared_extra() -> None:
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for module, extra in OPTIONAL.items():
         assert any(spec.startswith(module) for spec in extras[extra])

@@ -30,7 +30,7 @@ from graceful import ConfigError
 from graceful._cli_engine import run_engine_drain
 from graceful._engine import PageError
 from graceful.engine import PRESETS, EngineConfig, EngineProgress, effective_wait, read_metrics, wait_idle
-from tests.utils import free_port, run_uvicorn
+from tests.utils import refusing_port, run_uvicorn
 
 pytestmark = pytest.mark.anyio
 
@@ -187,16 +187,12 @@ def big_vllm_page(size: int = 500_000) -> str:
     return "".join(chunks[:middle]) + fixture("vllm_busy") + "".join(chunks[middle:])
 
 
-def test_big_page_parses_in_well_under_5ms() -> None:
+def test_big_page_parses_to_the_right_values() -> None:
+    """Its speed (5 ms or less) is a benchmark: `python -m benchmarks.engine`."""
     page = big_vllm_page()
     assert len(page) >= 500_000
-    best = math.inf
-    for _ in range(7):
-        start = time.perf_counter()
-        values = read_metrics(page, VLLM)
-        best = min(best, time.perf_counter() - start)
+    values = read_metrics(page, VLLM)
     assert values == {"vllm:num_requests_running": 5.0, "vllm:num_requests_waiting": 1.0}
-    assert best < 0.005, f"{best * 1000:.2f} ms"
 
 
 # --------------------------------------------------------------------------- budget and usage
@@ -430,7 +426,7 @@ async def test_budget_is_70_percent_of_the_grace_period(serve: Any, capsys: pyte
     assert await drain_cli(metrics_url=await serve(engine), timeout=10.0, grace_period=0.5) == 1
     result, err = json_result(capsys)
     assert result["limit"] == pytest.approx(0.35)
-    assert 0.35 <= result["duration"] < 0.5
+    assert 0.35 <= result["duration"] < 3.5  # the budget, not the 10 s timeout; 10x safety bound
     assert "budget of 0.35s ran out with running=1 waiting=0" in err
 
 
@@ -459,7 +455,7 @@ async def test_env_names_of_the_kthena_hook(
     assert await drain_cli(metrics_url=await serve(ScriptedEngine(BUSY)), **args) == 1
     result, _ = json_result(capsys)
     assert result["limit"] == pytest.approx(limit)
-    assert limit <= result["duration"] < limit + 0.3
+    assert limit <= result["duration"] < 10 * limit  # 10x safety bound
 
 
 async def test_propagation_wait_comes_first(serve: Any) -> None:
@@ -485,13 +481,14 @@ async def test_kv_buffer_never_outlasts_the_budget(serve: Any) -> None:
     engine = ScriptedEngine(IDLE)
     result = await wait_idle("vllm", metrics_url=await serve(engine), interval=0.05, kv_buffer=30, timeout=0.4)
     assert result.idle and result.kv_buffer_held < 0.4
-    assert result.duration < 0.6
+    assert result.duration < 4.0  # the 0.4 s budget, not the 30 s buffer; 10x safety bound
 
 
 def test_unreachable_engine_is_gone_after_three_refused_reads(capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing listens on the port: the engine already exited, so there is nothing to protect."""
-    url = f"http://127.0.0.1:{free_port()}/metrics"
-    assert run_engine_drain(**cli_args(metrics_url=url, quiet=False)) == 0
+    with refusing_port() as port:
+        url = f"http://127.0.0.1:{port}/metrics"
+        assert run_engine_drain(**cli_args(metrics_url=url, quiet=False)) == 0
     result, err = json_result(capsys)
     assert result["result"] == "gone" and result["reads"] == 3 and result["exit_code"] == 0
     assert "connection refused on 3 reads in a row" in err and "the engine is gone" in err
@@ -500,7 +497,8 @@ def test_unreachable_engine_is_gone_after_three_refused_reads(capsys: pytest.Cap
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_refused_is_recognised_on_every_backend() -> None:
     """asyncio raises ConnectionRefusedError; trio wraps one per address in an ExceptionGroup."""
-    result = await wait_idle("vllm", metrics_url=f"http://127.0.0.1:{free_port()}/metrics", interval=0.05, timeout=5)
+    with refusing_port() as port:
+        result = await wait_idle("vllm", metrics_url=f"http://127.0.0.1:{port}/metrics", interval=0.05, timeout=5)
     assert result.result == "gone" and result.reads == 3 and result.last_error == "connection refused"
 
 
@@ -1009,9 +1007,16 @@ async def test_sglang_zero_reads_must_span_the_minimum_time(serve: Any) -> None:
     """Two zero reads 0.1 s apart are not enough when the preset asks for 0.5 s of zeros."""
     preset = dataclasses.replace(PRESETS["sglang"], min_idle_span=0.5)
     engine = ScriptedEngine(sglang_idle(5))
-    result = await wait_idle(preset, metrics_url=await serve(engine), interval=EXACT, timeout=5)
-    assert result.idle and result.reads >= 6
-    assert engine.read_times[-1] - engine.read_times[0] >= 0.5
+    reads: list[EngineProgress] = []  # each read, timed on the drain's own clock
+    result = await wait_idle(
+        preset, metrics_url=await serve(engine), interval=EXACT, timeout=5, on_progress=reads.append
+    )
+    assert result.idle and result.reads == len(reads) >= 3
+    # The streak starts at the first zero read and the drain stops at the first read that makes
+    # it span 0.5 s, not one read earlier.
+    first_zero = next(read for read in reads if read.idle_streak == 1)
+    assert reads[-1].elapsed - first_zero.elapsed >= 0.5
+    assert reads[-2].elapsed - first_zero.elapsed < 0.5
 
 
 def test_sglang_preset_holds_zero_for_five_seconds() -> None:

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from graceful._cli import cli
-from tests.test_run import Launched
+from tests.servers import Launched
 
 
 def request(client: socket.socket, conn: h11.Connection) -> int:
@@ -73,6 +73,6 @@ def test_timeout_keep_alive_option_is_what_the_server_uses(launch: Callable[...,
 
 @pytest.mark.parametrize("value", ["0", "-5", "soon", "1.5"])
 def test_bad_timeout_keep_alive_is_refused_naming_the_value(value: str) -> None:
-    result = CliRunner().invoke(cli, ["run", "tests.apps_streaming:app", "--timeout-keep-alive", value])
+    result = CliRunner().invoke(cli, ["run", "tests.apps.streaming:app", "--timeout-keep-alive", value])
     assert result.exit_code == 2
     assert "--timeout-keep-alive" in result.output and value in result.output

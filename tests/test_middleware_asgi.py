@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import httpx
@@ -33,7 +34,7 @@ def client(app: Any) -> httpx.AsyncClient:
 
 
 async def test_request_response_and_refusal(registry: CollectorRegistry) -> None:
-    mw = GracefulMiddleware(starlette_app(), registry=registry, admin=False)
+    mw = GracefulMiddleware(starlette_app(), registry=registry, admin=False, request_id_header="x-request-id")
     mw.drain.mark_serving()
     async with client(mw) as c:
         ok = await c.post("/v1/echo", content=b"hello")
@@ -87,9 +88,10 @@ async def test_startup_failure_is_reported_and_stops(registry: CollectorRegistry
     from contextlib import asynccontextmanager
 
     mw = GracefulMiddleware(starlette_app(lifespan=asynccontextmanager(lifespan)), registry=registry, admin=False)
-    with pytest.raises(BaseException):
+    with pytest.raises(builtins.ExceptionGroup) as failed:  # asgi-lifespan's task group raises the app's error
         async with LifespanManager(mw):
             pass  # pragma: no cover
+    assert failed.group_contains(RuntimeError, match="^weights missing$", depth=1)
     assert mw.drain.state is State.STOPPED
 
 
@@ -138,8 +140,10 @@ def test_a_newer_drain_replaces_the_older_on_one_registry(registry: CollectorReg
     states = [s for f in registry.collect() if f.name == "graceful_state" for s in f.samples if s.value == 1.0]
     assert [s.labels["state"] for s in states] == ["SERVING"]
     assert first.drain is not second.drain
-    # Registering the same drain again is a no-op.
+    # Registering the same drain again is a no-op: one state series still, no duplicate error.
     GracefulMiddleware(starlette_app(), second.drain, registry=registry, admin=False)
+    states = [s for f in registry.collect() if f.name == "graceful_state" for s in f.samples if s.value == 1.0]
+    assert [s.labels["state"] for s in states] == ["SERVING"]
 
 
 def test_shared_drain_between_middlewares(registry: CollectorRegistry) -> None:

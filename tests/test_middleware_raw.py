@@ -190,7 +190,7 @@ async def test_draining_refuses_new_work_before_the_app_sees_it() -> None:
         nonlocal called
         called = True  # pragma: no cover
 
-    mw = make(app, retry_after=3)
+    mw = make(app, retry_after=3, request_id_header="x-request-id")
     mw.drain.begin_drain("test")
     rec = Recorder(mw.drain)
     await mw(http_scope(headers=[(b"x-request-id", b"req-7")]), no_body, rec)
@@ -249,15 +249,46 @@ async def test_responses_that_start_after_the_drain_carry_connection_close() -> 
     assert http2.status == 200 and b"connection" not in http2.headers
 
 
-async def test_serving_responses_keep_alive_and_get_a_request_id() -> None:
-    mw = make(streaming_app(1))
+async def test_serving_responses_keep_alive_and_pass_through_untouched() -> None:
+    """By default (no request-id echo) a serving response's start message is the app's own object."""
+    shared = [(b"content-type", b"text/plain")]
+    seen: list[Message] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        start = {"type": "http.response.start", "status": 200, "headers": shared}
+        seen.append(start)
+        await send(start)
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = make(app)
     rec = Recorder(mw.drain)
+    sent: list[Message] = []
+
+    async def spy(message: Message) -> None:
+        sent.append(message)
+        await rec(message)
+
+    await mw(http_scope(), no_body, spy)
+    assert b"connection" not in rec.headers and b"x-request-id" not in rec.headers
+    assert sent[0] is seen[0] and sent[0]["headers"] is shared
+
+
+async def test_request_id_echo_generates_one_per_response_without_touching_the_apps_list() -> None:
+    shared = [(b"content-type", b"text/plain")]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": shared})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = make(app, request_id_header="X-Request-ID")
+    rec, rec2, echoed = Recorder(mw.drain), Recorder(mw.drain), Recorder(mw.drain)
     await mw(http_scope(), no_body, rec)
-    assert b"connection" not in rec.headers
-    generated = rec.headers[b"x-request-id"]
-    rec2 = Recorder(mw.drain)
     await mw(http_scope(), no_body, rec2)
-    assert rec2.headers[b"x-request-id"] != generated
+    await mw(http_scope(headers=[(b"x-request-id", b"mine")]), no_body, echoed)
+    generated = rec.headers[b"x-request-id"]
+    assert generated and rec2.headers[b"x-request-id"] != generated
+    assert echoed.headers[b"x-request-id"] == b"mine"
+    assert shared == [(b"content-type", b"text/plain")], "the app's own header list is never changed"
 
 
 async def test_app_headers_are_not_mutated() -> None:

@@ -10,14 +10,15 @@ from prometheus_client import CollectorRegistry
 
 from graceful import Drain, GracefulMiddleware
 from graceful._options import DRAIN_OPTIONS, OPTION_DOCS, DrainConfig
+from tests.utils import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+REPO = Path(ROOT)
 ROW = re.compile(r"^\|(?P<names>[^|]*)\|(?P<default>[^|]*)\|(?P<meaning>.*)\|\s*$")
 
 
 def documented_rows() -> dict[str, tuple[str, str]]:
     """Option name -> (default, meaning), from the Markdown page whose table lists ``grace_period``."""
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+    for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
         if not path.exists():
             continue
         rows: dict[str, tuple[str, str]] = {}
@@ -46,8 +47,11 @@ def test_the_options_are_the_config_fields() -> None:
 def test_unknown_options_are_refused_by_name() -> None:
     with pytest.raises(TypeError, match=r"unknown drain option\(s\) \['grace'\]"):
         Drain(grace=30)
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['grace'\]"):
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['grace'\]") as refused:
         GracefulMiddleware(lambda *a: None, registry=CollectorRegistry(), admin=False, grace=30)  # type: ignore[arg-type,return-value]
+    # The error points at the page that holds the option tables, and that page exists.
+    assert str(refused.value).endswith("see the option tables in docs/middleware.md")
+    assert "| `grace_period` |" in (ROOT / "docs" / "middleware.md").read_text()
 
 
 def test_drain_reads_its_config() -> None:

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from examples.rollout.balancer import Forwarder, HAProxy, find_haproxy, open_balancer
 from examples.rollout.cli import rollout_command
-from examples.rollout.report import expectations, render, side_summary
-from examples.rollout.scenarios import Options, run_side
+from examples.rollout.report import expectations, reload_losses, render, side_summary
+from examples.rollout.scenarios import Options, SideResult, run_side
 from graceful import ConfigError
 
 pytestmark = pytest.mark.anyio
@@ -128,6 +128,53 @@ def test_options_resolve_and_reject() -> None:
         Options.resolve(scenario="nope")
 
 
+def test_options_for_l7_balancers_and_observed_propagation() -> None:
+    assert Options.resolve(quick=True).admit_during_propagation is True
+    assert Options.resolve(quick=True, admit_during_propagation=False).admit_during_propagation is False
+    observed = Options.resolve(scenario="observed-propagation", quick=True)
+    assert (observed.propagation_wait, observed.propagation_quiet, observed.lb_delay) == (30.0, 2.0, 3.0)
+    assert observed.grace_period - (observed.reserve or 0) > observed.propagation_wait + 2 * observed.longest_stream
+    assert Options.resolve(balancer="nginx", gateway_retry=True).gateway_retry
+    with pytest.raises(ConfigError, match="--balancer haproxy has no L7 retry"):
+        Options.resolve(balancer="haproxy", gateway_retry=True)
+    with pytest.raises(
+        ConfigError, match="--propagation-quiet 5s must be above 0 and no longer than --propagation-wait 3s"
+    ):
+        Options.resolve(propagation_quiet=5.0)
+
+
+@needs_haproxy
+def test_haproxy_http_config_retries_only_with_gateway_retry() -> None:
+    with tempfile.TemporaryDirectory(prefix="g-", dir="/tmp") as directory:
+        plain = HAProxy("/usr/sbin/haproxy", directory, slots=2, mode="http").config()
+        retry = HAProxy("/usr/sbin/haproxy", directory, slots=2, mode="http", gateway_retry=True).config()
+    assert "mode http" in plain and "http-reuse safe" in plain
+    assert "retry-on" not in plain and "redispatch" not in plain and "retries" not in plain
+    for line in ("retry-on conn-failure 503", "option redispatch 1", "option http-buffer-request", "retries 3"):
+        assert f"    {line}\n" in retry
+    with pytest.raises(ValueError, match="needs mode http"):
+        HAProxy("/usr/sbin/haproxy", directory, slots=2, gateway_retry=True)
+
+
+def test_example_server_takes_an_explicit_false_for_admission() -> None:
+    from examples.server._config import drain_options_from_env
+
+    assert drain_options_from_env({"GRACEFUL_EXAMPLE_ADMIT_DURING_PROPAGATION": "false"}) == {
+        "admit_during_propagation": False
+    }
+    assert drain_options_from_env({"GRACEFUL_EXAMPLE_ADMIT_DURING_PROPAGATION": "true"}) == {
+        "admit_during_propagation": True
+    }
+    assert drain_options_from_env({}) == {}
+
+
+def test_cli_gateway_retry_needs_an_l7_balancer() -> None:
+    result = CliRunner().invoke(rollout_command, ["--balancer", "forwarder", "--gateway-retry"])
+    assert result.exit_code == 2
+    assert "--gateway-retry" in result.output and "--balancer nginx" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_cli_bad_duration_is_one_line() -> None:
     result = CliRunner().invoke(rollout_command, ["--grace-period", "soon"])
     assert result.exit_code == 2
@@ -156,3 +203,34 @@ async def test_quick_rollout_graceful_loses_nothing() -> None:
     assert base["prestop_codes"] == []
     table = render(base, grace, options)
     assert "baseline" in table and "graceful" in table and "SIGKILLed" in table
+
+
+def test_losses_at_an_nginx_reload_are_told_apart() -> None:
+    """A request lost without a response header while a reload's old workers exit counts as a
+    reload loss; one lost later, or one that had its headers, does not; the promise is judged on the rest."""
+    from graceful._soak_report import Attempt, RequestRecord, SoakReport
+
+    def record(reason: str, end: float, *, headers: bool = False) -> RequestRecord:
+        attempt = Attempt(reason=reason, start=end - 0.01, end=end, headers=headers)
+        return RequestRecord("r", "k", "short", 2, start=end - 0.01, end=end, reason=reason, history=[attempt])
+
+    records = [
+        record("ok", 100.0),
+        record("ambiguous", 100.2),  # while the old workers of the reload at 100.0 exit
+        record("ambiguous", 103.0),  # long after it
+        record("truncated", 100.3, headers=True),
+    ]
+    report = SoakReport(url="u", started=0.0, elapsed=1.0, records=records, settings={})
+    side = SideResult(
+        kind="graceful", balancer="nginx", report=report, terminations=[], budget_limit=8.0, connect_errors=0
+    )
+    side.reloads = [(100.0, 101.5)]
+    assert reload_losses(side) == 1
+    options = Options.resolve(scenario="strict-clients", quick=True, balancer="nginx")
+    summary = side_summary(side, options)
+    assert summary["reload_losses"] == 1
+    broken = expectations(summary, options)
+    assert "ambiguous=1 (not at a reload)" in broken and "truncated=1" in broken
+    assert any(item.startswith("failed=2 ") for item in broken)
+    side.reloads = []
+    assert reload_losses(side) == 0

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -19,55 +19,12 @@ import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from graceful import GracefulMiddleware
+from graceful import GracefulMiddleware, State
+from graceful._admin_server import is_listening
 from graceful._server import GracefulServer
-from tests.apps_streaming import app as streaming_app
-from tests.utils import free_port, run_uvicorn
-
-ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-class Launched:
-    """A server process on 127.0.0.1 with its log in a file (a full pipe would block it)."""
-
-    def __init__(self, command: list[str], socket_dir: str, port: int, log: Path) -> None:
-        self.port = port
-        self.socket_dir = socket_dir
-        self.log_path = log
-        env = {**os.environ, "GRACEFUL_SOCKET_DIR": socket_dir, "PYTHONUNBUFFERED": "1"}
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def wait_ready(self, sockets: int = 1) -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log
-            if len(glob.glob(os.path.join(self.socket_dir, "*.sock"))) >= sockets:
-                try:
-                    if httpx.get(self.url("/ready"), timeout=1).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-            time.sleep(0.05)
-        raise AssertionError(f"server not ready:\n{self.log}")
-
-    def wait_exit(self, limit: float) -> int:
-        try:
-            return self.process.wait(limit)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"server still running after {limit}s:\n{self.log}") from None
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(5)
+from tests.apps.streaming import app as streaming_app
+from tests.servers import Launched
+from tests.utils import ROOT, listening_socket, run_uvicorn
 
 
 class Stream(threading.Thread):
@@ -97,26 +54,6 @@ class Stream(threading.Thread):
     def whole(self) -> bool:
         expected = "".join(f"frame {i}\n" for i in range(self.frames)) + "done\n"
         return self.status == 200 and self.body == expected
-
-
-@pytest.fixture
-def launch(socket_dir: str, tmp_path: Path) -> Iterator[Callable[..., Launched]]:
-    started: list[Launched] = []
-
-    def start(*options: str, app: str = "tests.apps_streaming:app", uvicorn: bool = False) -> Launched:
-        port = free_port()
-        if uvicorn:
-            command = [sys.executable, "-m", "uvicorn", app, "--port", str(port)]
-        else:
-            command = [sys.executable, "-m", "graceful", "run", app, "--port", str(port)]
-            command += ["--grace-period", "6", "--reserve", "1", *options]
-        server = Launched(command, socket_dir, port, tmp_path / f"server-{len(started)}.log")
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def graceful(*args: str, socket_dir: str) -> subprocess.Popen[str]:
@@ -170,21 +107,23 @@ def test_prestop_drain_then_sigterm(launch: Callable[..., Launched]) -> None:
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     assert server.wait_exit(5) == 0
-    assert time.monotonic() - sent < 1.5
+    assert time.monotonic() - sent < 5.0  # nothing left to drain: well inside the 6 s grace period
     assert glob.glob(os.path.join(server.socket_dir, "*.sock")) == []
 
 
 def test_sigterm_only(launch: Callable[..., Launched]) -> None:
-    """1. two 2 s streams 2. SIGTERM 3. the listener stays open answering 503 through the 1 s
-    propagation wait (refuse mode) 4. streams arrive whole 5. the process exits 0 right after the last frame."""
-    server = launch("--propagation-wait", "1s", "--no-admit-during-propagation")
+    """1. two 4 s streams 2. SIGTERM 3. the listener stays open answering 503 through the 3 s
+    propagation wait (refuse mode): new connections are still accepted before the phase ends
+    4. streams arrive whole 5. the process exits 0 right after the last frame."""
+    server = launch("--propagation-wait", "3s", "--no-admit-during-propagation")
     server.wait_ready()
-    streams = start_streams(server, 2, frames=20)
+    streams = start_streams(server, 2, frames=40)
     server.process.send_signal(signal.SIGTERM)
     wait_status(server, 503)
     assert httpx.get(server.url("/hello"), timeout=2).status_code == 503
-    time.sleep(0.5)  # still inside the propagation wait: connections are still accepted
     assert httpx.get(server.url("/hello"), timeout=2).status_code == 503
+    assert "propagation phase over" not in server.log  # both answered inside the wait
+    server.wait_log("propagation phase over")
     assert server.wait_exit(10) == 0
     exited = time.monotonic()
     for stream in streams:
@@ -284,7 +223,7 @@ def test_second_signal_forces_exit(launch: Callable[..., Launched]) -> None:
 
 
 def test_already_wrapped_app_warns_on_conflicting_options(launch: Callable[..., Launched]) -> None:
-    server = launch("--propagation-wait", "3s", app="tests.apps_streaming:wrapped")
+    server = launch("--propagation-wait", "3s", app="tests.apps.streaming:wrapped")
     server.wait_ready()
     server.process.send_signal(signal.SIGTERM)
     assert server.wait_exit(5) == 0  # the app's own propagation_wait=0 applies, not 3 s
@@ -293,7 +232,7 @@ def test_already_wrapped_app_warns_on_conflicting_options(launch: Callable[..., 
 
 def test_plain_uvicorn_gets_the_prestop_path(launch: Callable[..., Launched]) -> None:
     """Under `uvicorn app:app` the middleware's admin socket still serves `graceful drain`."""
-    server = launch(app="tests.apps_streaming:wrapped", uvicorn=True)
+    server = launch(app="tests.apps.streaming:wrapped", server="uvicorn")
     server.wait_ready()
     streams = start_streams(server, 2, frames=15)
     drain = graceful("drain", socket_dir=server.socket_dir)
@@ -303,14 +242,14 @@ def test_plain_uvicorn_gets_the_prestop_path(launch: Callable[..., Launched]) ->
         stream.join(5)
         assert stream.whole
     server.process.send_signal(signal.SIGTERM)
-    server.wait_exit(5)
+    assert server.wait_exit(5) == -signal.SIGTERM  # plain uvicorn re-raises the signal after its shutdown
     assert glob.glob(os.path.join(server.socket_dir, "*.sock")) == []
 
 
 def test_socket_dir_too_long_refused_before_start(socket_dir: str) -> None:
     long_dir = os.path.join(socket_dir, "x" * 100)
     result = subprocess.run(
-        [sys.executable, "-m", "graceful", "run", "tests.apps_streaming:app", "--socket-dir", long_dir],
+        [sys.executable, "-m", "graceful", "run", "tests.apps.streaming:app", "--socket-dir", long_dir],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -345,8 +284,10 @@ async def test_connections_open_at_drain_start_get_one_more_request(registry: Co
             assert (await pinned.get("/hello")).status_code == 200
             mw.drain.begin_drain("test")
             assert len(mw.drain.pinned) == 1
-            await anyio.sleep(0.3)  # past the propagation wait
-            assert (await fresh.get("/hello")).status_code == 503
+            with anyio.fail_after(5):  # new connections are served until the propagation wait ends
+                while (refused := await fresh.get("/hello", headers={"connection": "close"})).status_code == 200:
+                    pass
+            assert refused.status_code == 503
             again = await pinned.get("/hello")
             assert again.status_code == 200
             assert again.headers["connection"] == "close"
@@ -355,27 +296,221 @@ async def test_connections_open_at_drain_start_get_one_more_request(registry: Co
 
 @pytest.mark.anyio
 async def test_exit_follows_the_drain_at_once(registry: CollectorRegistry) -> None:
-    """The launcher wakes on an event: should_exit is acted on well before uvicorn's 0.1 s tick."""
+    """The launcher wakes on an event, not on uvicorn's 0.1 s tick: 1. the server ticks (the date
+    header) 2. a real SIGTERM with nothing in flight 3. the drain ends 4. the main loop acts on
+    should_exit in the same tick, before its next timed wake-up (the tick counter has not moved)."""
     mw = GracefulMiddleware(streaming_app, registry=registry, admin=False, grace_period=6, reserve=1)
-    server = GracefulServer(uvicorn.Config(mw, host="127.0.0.1", port=free_port(), log_level="warning"), mw.drain)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve)
-        with anyio.fail_after(10):
-            while not server.started:
-                await anyio.sleep(0.01)
-        ticks: list[int] = []
-        original = server.on_tick
+    sock = listening_socket()
+    server = GracefulServer(uvicorn.Config(mw, host="127.0.0.1", port=0, log_level="warning"), mw.drain)
+    ticks: list[tuple[int, bool]] = []  # (counter, should_exit) at each tick
+    original = server.on_tick
+    ticked = anyio.Event()
 
-        async def counting_tick(counter: int) -> bool:
-            ticks.append(counter)
-            return await original(counter)
+    async def recording_tick(counter: int) -> bool:
+        should_exit = await original(counter)
+        ticks.append((counter, should_exit))
+        if counter >= 1:
+            ticked.set()
+        return should_exit
 
-        server.on_tick = counting_tick  # type: ignore[method-assign]
-        await anyio.sleep(0.35)
-        assert len(ticks) >= 2  # still ticks regularly for the date header
-        server._on_signal(signal.SIGTERM)  # what handle_exit schedules on the loop
-        with anyio.fail_after(3):
-            while not server.should_exit:
-                await anyio.sleep(0.001)
-        assert mw.drain.state.value in ("DRAINING", "STOPPED")
-        assert server.signals_received == 1 and server.forced_exits == 0
+    server.on_tick = recording_tick  # type: ignore[method-assign]
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, [sock])
+            await ticked.wait()  # a timed tick has happened: the loop is in its steady state
+            signalled_at = ticks[-1][0]
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler capture_signals installed takes it
+    sock.close()
+    exit_tick = next(counter for counter, should_exit in ticks if should_exit)
+    assert exit_tick == signalled_at, ticks
+    assert [should_exit for _, should_exit in ticks].count(True) == 1
+    assert mw.drain.state.value == "STOPPED" or mw.drain.state.value == "DRAINING"
+    assert server.signals_received == 1 and server.forced_exits == 0
+
+
+# `graceful run`: the multi-worker supervisor's signals, a signal during startup,
+
+
+def graceful_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "graceful", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+
+
+def test_workers_status_resume_then_sigint_drains_all(launch: Callable[..., Launched]) -> None:
+    """1. `--workers 2` 2. `status` lists both 3. one is drained through its own socket
+    4. `resume` undrains it and leaves the other alone 5. SIGINT to the supervisor drains
+    both and exits 0."""
+    server = launch("--workers", "2")
+    server.wait_ready(sockets=2)
+    rows = json.loads(graceful_cli("status", "--json", "--socket-dir", server.socket_dir).stdout)
+    assert len(rows) == 2 and {row["state"] for row in rows} == {"SERVING"}
+    first, second = rows
+    assert first["pid"] != second["pid"]
+    drained = graceful_cli("drain", "--socket", first["socket"], "--quiet")
+    assert drained.returncode == 0, drained.stderr
+    resumed = graceful_cli("resume", "--socket-dir", server.socket_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(resumed.stdout.splitlines()) == sorted(
+        [f"worker {first['pid']}: SERVING (resumed)", f"worker {second['pid']}: SERVING"]
+    )
+    streams = start_streams(server, 2, frames=10)
+    server.process.send_signal(signal.SIGINT)
+    assert server.wait_exit(15) == 0
+    for stream in streams:
+        stream.join(5)
+        assert stream.whole, (stream.body, stream.error)
+    assert "SIGINT received: draining 2 worker(s)" in server.log
+    assert glob.glob(os.path.join(server.socket_dir, "*.sock")) == []
+
+
+def test_workers_second_signal_kills_them_and_exits_1(launch: Callable[..., Launched]) -> None:
+    """1. `--workers 2`, a 10 s stream 2. SIGTERM starts the drain 3. SIGTERM again kills the
+    workers at once 4. exit 1, logged, the stream is cut."""
+    server = launch("--workers", "2")
+    server.wait_ready(sockets=2)
+    (stream,) = start_streams(server, 1, frames=100)
+    server.process.send_signal(signal.SIGTERM)
+    server.wait_log("SIGTERM received: draining 2 worker(s)")
+    sent = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait_exit(10) == 1
+    assert time.monotonic() - sent < 5
+    assert "second signal (SIGTERM): killing 2 worker(s) now" in server.log
+    stream.join(5)
+    assert not stream.whole
+
+
+def test_workers_without_admin_sockets_still_stop(launch: Callable[..., Launched]) -> None:
+    """The app is wrapped with admin=False: the supervisor finds no worker to drain, says so,
+    and still stops them (uvicorn's own SIGTERM to each)."""
+    server = launch("--workers", "2", app="tests.apps.workers:no_admin")
+    server.wait_ready(sockets=0)
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait_exit(15) == 0
+    assert "no graceful server found: nothing is listening on" in server.log
+    assert glob.glob(os.path.join(server.socket_dir, "*.sock")) == []
+
+
+def test_sigterm_during_startup_exits_without_draining(launch: Callable[..., Launched], tmp_path: Path) -> None:
+    """1. the app's startup lasts until the test lets it end 2. SIGTERM arrives while the drain is
+    STARTING 3. no drain runs: the process exits 0 once startup returns."""
+    release = tmp_path / "release"
+    server = launch(app="tests.apps.workers:slow_start", SLOW_START_RELEASE=str(release))
+    server.wait_log("slow startup begins")
+    server.process.send_signal(signal.SIGTERM)
+    server.wait_log("SIGTERM received while STARTING: exiting")
+    release.touch()
+    assert server.wait_exit(10) == 0
+    assert "SIGTERM received while STARTING: exiting" in server.log
+    assert "draining" not in server.log
+
+
+def test_uds_serves_and_drains_on_sigterm(socket_dir: str, tmp_path: Path) -> None:
+    """`--uds PATH`: traffic over a Unix socket, the admin socket beside it, SIGTERM exits 0."""
+    uds = os.path.join(socket_dir, "app.uds")
+    admin_dir = os.path.join(socket_dir, "admin")
+    log = tmp_path / "uds.log"
+    command = [sys.executable, "-m", "graceful", "run", "tests.apps.streaming:app", "--uds", uds]
+    command += ["--socket-dir", admin_dir, "--grace-period", "6", "--reserve", "1"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        # Poll with a plain probe: httpcore leaks the socket of a failed Unix connect.
+        while "Application startup complete" not in log.read_text() or not is_listening(uds):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=uds), base_url="http://app", timeout=2) as client:
+            assert client.get("/ready").status_code == 200
+            assert client.get("/hello").text == "hello"
+        assert glob.glob(os.path.join(admin_dir, "*.sock")) == [os.path.join(admin_dir, f"{process.pid}.sock")]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+    assert "SIGTERM received: draining" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("app", "named"),
+    [("tests.apps.streaming", "tests.apps.streaming"), ("tests.no_such_module:app", "tests.no_such_module")],
+)
+def test_bad_app_exits_2_naming_it(app: str, named: str) -> None:
+    result = graceful_cli("run", app, "--port", "0")
+    assert result.returncode == 2, result.stderr
+    assert f"cannot load app {app!r}" in result.stderr and named in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_app_that_is_not_callable_exits_2(socket_dir: str) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "graceful", "run", "tests.apps.streaming:not_an_app", "--port", "0"],
+        cwd=ROOT,
+        env={**os.environ, "GRACEFUL_SOCKET_DIR": socket_dir},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _, err = process.communicate(timeout=3)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+    assert process.returncode == 2, err
+    assert "tests.apps.streaming:not_an_app" in err
+
+
+def test_wrapped_app_warns_naming_each_conflicting_option(launch: Callable[..., Launched]) -> None:
+    """Options the wrapped app already fixed are named one per line; agreeing ones are not."""
+    server = launch("--drain-timeout", "3s", "--no-admit-during-propagation", app="tests.apps.streaming:wrapped")
+    server.wait_ready()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait_exit(5) == 0
+    log = server.log
+    assert "GracefulMiddleware with drain_timeout=None; ignoring --drain-timeout 3.0" in log
+    assert "with admit_during_propagation=True; ignoring --no-admit-during-propagation" in log
+    # --grace-period 6 and --reserve 1 agree with the wrapped app's own values.
+    assert "ignoring --grace-period" not in log and "ignoring --reserve" not in log
+
+
+def test_graceful_server_runs_off_the_main_thread(registry: CollectorRegistry) -> None:
+    """Embedded in a thread, signal handlers cannot be installed: it must run anyway and
+    leave the main thread's handlers alone."""
+    before = signal.getsignal(signal.SIGTERM)
+    mw = GracefulMiddleware(streaming_app, registry=registry, admin=False, grace_period=6, reserve=1)
+    sock = listening_socket()
+    port = sock.getsockname()[1]
+    server = GracefulServer(uvicorn.Config(mw, host="127.0.0.1", port=0, log_level="warning"), mw.drain)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+        assert httpx.get(f"http://127.0.0.1:{port}/hello", timeout=5).text == "hello"
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert not thread.is_alive()
+    assert mw.drain.state is State.STOPPED
+
+
+@pytest.mark.anyio
+async def test_exit_requested_before_the_loop_runs(registry: CollectorRegistry) -> None:
+    """handle_exit before serve() (no loop to hand over to yet) just asks uvicorn to exit:
+    the server starts, stops at once, and no drain runs."""
+    mw = GracefulMiddleware(streaming_app, registry=registry, admin=False, grace_period=6, reserve=1)
+    server = GracefulServer(uvicorn.Config(mw, host="127.0.0.1", port=0, log_level="warning"), mw.drain)
+    server.handle_exit(signal.SIGTERM, None)
+    assert server.should_exit
+    with anyio.fail_after(5):
+        await server.serve()
+    assert server.signals_received == 0
+    assert mw.drain.counters()["drains"] == {}

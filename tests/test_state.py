@@ -74,15 +74,25 @@ def test_transitions_are_logged_with_reason_count_and_elapsed(caplog: pytest.Log
 
 
 async def test_drain_returns_the_moment_the_last_job_ends() -> None:
+    """Event-driven, not polled: 1. a job is in flight and a drain waits for it 2. the job ends
+    3. the drain returns within a few turns of the event loop, while a task that only yields
+    counts the turns (a polling drain would wait for its timer: hundreds of turns or more)."""
     drain = serving()
     release = anyio.Event()
-    ended_at = 0.0
+    events: list[tuple[str, int]] = []
+    turns = 0
+    returned = False
 
     async def job() -> None:
-        nonlocal ended_at
         async with drain.track("batch"):
             await release.wait()
-        ended_at = time.monotonic()
+        events.append(("released", turns))
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while not returned and turns < 100_000:
+            turns += 1
+            await anyio.sleep(0)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(job)
@@ -90,17 +100,51 @@ async def test_drain_returns_the_moment_the_last_job_ends() -> None:
         assert drain.in_flight == 1
 
         async def let_go() -> None:
-            await anyio.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()  # the drain is asleep, waiting
             release.set()
+            tg.start_soon(count_turns)
 
         tg.start_soon(let_go)
-        result = await drain.drain(timeout=10)
+        result = await drain.drain(timeout=5)
+        events.append(("drained", turns))
+        returned = True
     assert result.result == "drained" and result.drained
     assert result.in_flight == 0
-    assert time.monotonic() - ended_at < 0.05
+    assert [name for name, _ in events] == ["released", "drained"]
+    assert events[1][1] - events[0][1] <= 5, events
     assert drain.in_flight == 0
     assert drain.counters()["requests"]["completed"] == 1
     assert drain.counters()["drains"] == {"drained": 1}
+
+
+async def test_begin_drain_clamps_a_timeout_above_grace_minus_reserve() -> None:
+    """grace 1 s - reserve 0.5 s leaves 0.5 s: a requested 100 s timeout is cut to it, so a job
+    that never ends is cut at 0.5 s; a shorter timeout is kept as asked."""
+    drain = Drain(grace_period=1, reserve=0.5)
+    drain.mark_serving()
+    stuck = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def job() -> None:
+            async with drain.track("stuck"):
+                await stuck.wait()
+
+        tg.start_soon(job)
+        await anyio.wait_all_tasks_blocked()
+        assert drain.begin_drain("preStop", timeout=100)
+        status = drain.status()
+        assert status.deadline is not None and status.drain_started is not None
+        assert status.deadline - status.drain_started == pytest.approx(0.5)
+        with anyio.fail_after(5):  # a 10x safety bound
+            result = await drain.drain()
+    assert result.result == "timeout" and result.truncated == 1
+    assert result.deadline - result.started_at == pytest.approx(0.5)
+    shorter = Drain(grace_period=10, reserve=2)
+    shorter.mark_serving()
+    shorter.begin_drain("preStop", timeout=3)
+    status = shorter.status()
+    assert status.deadline is not None and status.drain_started is not None
+    assert status.deadline - status.drain_started == pytest.approx(3.0)
 
 
 async def test_drain_honours_the_propagation_wait_when_idle() -> None:
@@ -221,7 +265,7 @@ async def test_hooks_run_inside_the_budget_and_overruns_are_cut(caplog: pytest.L
     with caplog.at_level(logging.INFO, logger="graceful"):
         result = await drain.drain(timeout=0.2)
     assert calls == ["start", "drained"]
-    assert result.duration < 1
+    assert result.duration < 2  # a 10x safety bound: the hook is cut at the 0.2 s deadline
     assert any("on_drain_start hook overran" in r.getMessage() for r in caplog.records)
     assert any(r.getMessage().startswith("drain ") for r in caplog.records)  # the summary line
 

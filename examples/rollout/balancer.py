@@ -1,12 +1,15 @@
-"""The Service in front of the replicas: HAProxy driven through its runtime API, or an asyncio L4 forwarder.
+"""The Service in front of the replicas: HAProxy (L4 or L7), nginx (L7), or an asyncio L4 forwarder.
 
-Both model kube-proxy: a new TCP connection goes to one of the listed endpoints, and
-removing an endpoint only affects connections opened afterwards. Connections already
-open stay up until one side closes them, which is exactly why a pod must keep serving
-(or answer 503 with ``Connection: close``) after its endpoint is gone.
+The L4 ones model kube-proxy: a new TCP connection goes to one of the listed endpoints,
+and removing an endpoint only affects connections opened afterwards. Connections
+already open stay up until one side closes them, which is exactly why a pod must keep
+serving (or answer 503 with ``Connection: close``) after its endpoint is gone. Neither
+retries a failed backend connect (kube-proxy does not either), so a client of a dead
+endpoint sees its connection closed after it was accepted.
 
-Neither retries a failed backend connect (kube-proxy does not either), so a client of
-a dead endpoint sees its connection closed after it was accepted.
+The L7 ones (``nginx``, ``haproxy-http``) balance each request on its own over their
+own keep-alive connections to the replicas, and retry what they retry by default;
+``gateway_retry`` turns on the documented retry of a not-started 503.
 """
 
 from __future__ import annotations
@@ -14,18 +17,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import shutil
-import signal
-import socket
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-__all__ = ["Balancer", "Forwarder", "HAProxy", "open_balancer"]
+from .haproxy import HAProxy, Mode, find_haproxy
+from .nginx import Nginx, find_nginx
 
-HAPROXY_ENV = "GRACEFUL_ROLLOUT_HAPROXY"
+__all__ = [
+    "BALANCERS",
+    "L7_BALANCERS",
+    "Balancer",
+    "Forwarder",
+    "HAProxy",
+    "Nginx",
+    "find_haproxy",
+    "find_nginx",
+    "open_balancer",
+]
+
+BALANCERS = ("auto", "haproxy", "haproxy-http", "nginx", "forwarder")
+L7_BALANCERS = ("haproxy-http", "nginx")
 
 
 class Balancer(Protocol):
@@ -41,146 +53,6 @@ class Balancer(Protocol):
     def endpoints(self) -> list[str]: ...
 
     async def backend_connect_errors(self) -> int: ...
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class HAProxy:
-    """An HAProxy process in ``mode tcp`` with ``slots`` pre-declared servers, all in maintenance at first.
-
-    ``add`` points a free slot at a port and sets it ready; ``remove`` sets it to maint.
-    Maint stops new connections only: HAProxy ends established sessions on a state
-    change only with ``on-marked-down shutdown-sessions``, which is never set here.
-    """
-
-    def __init__(self, binary: str, directory: str, *, slots: int) -> None:
-        self.binary = binary
-        self.directory = directory
-        self.slots = slots
-        self.port = 0
-        self.name = "haproxy"
-        self.stats_socket = os.path.join(directory, "admin.sock")
-        self._slot_of: dict[str, str] = {}
-        self._free = [f"s{i}" for i in range(1, slots + 1)]
-        self._process: asyncio.subprocess.Process | None = None
-
-    def config(self) -> str:
-        servers = "\n".join(f"    server {slot} 127.0.0.1:9 disabled" for slot in self._free)
-        # No health checks and retries 0: kube-proxy neither probes nor redispatches.
-        return f"""global
-    stats socket {self.stats_socket} mode 600 level admin
-    maxconn 2000
-    nbthread 2
-
-defaults
-    mode tcp
-    timeout connect 2s
-    timeout client 10m
-    timeout server 10m
-    retries 0
-
-frontend service
-    bind 127.0.0.1:{self.port}
-    default_backend pods
-
-backend pods
-    balance roundrobin
-{servers}
-"""
-
-    async def start(self) -> None:
-        self.port = _free_port()
-        path = os.path.join(self.directory, "haproxy.cfg")
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(self.config())
-        self._process = await asyncio.create_subprocess_exec(
-            self.binary,
-            "-db",
-            "-f",
-            path,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self._process.returncode is not None:
-                err = (await self._process.stderr.read()).decode(errors="replace") if self._process.stderr else ""
-                raise RuntimeError(f"haproxy exited with {self._process.returncode}: {err.strip()[-500:]}")
-            try:
-                info = await self.command("show info")
-            except OSError:
-                info = ""
-            if "Pid:" in info and await _accepts(self.port):
-                self.name = "haproxy " + _field(info, "Version")
-                return
-            await asyncio.sleep(0.02)
-        raise RuntimeError(f"haproxy did not start within 10 s (config {path})")
-
-    async def command(self, line: str) -> str:
-        """One runtime API command over the stats socket (non-interactive: the socket closes after it)."""
-        reader, writer = await asyncio.open_unix_connection(self.stats_socket)
-        try:
-            writer.write(line.encode() + b"\n")
-            await writer.drain()
-            return (await reader.read()).decode()
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-
-    async def _checked(self, line: str) -> None:
-        answer = (await self.command(line)).strip()
-        # Successful set/enable/disable commands answer with nothing (or a "no need to change" note).
-        if answer and "no need to change" not in answer.lower():
-            raise RuntimeError(f"haproxy refused {line!r}: {answer}")
-
-    async def add(self, endpoint: str, port: int) -> None:
-        if not self._free:
-            raise RuntimeError(f"haproxy: no free server slot for {endpoint!r}; raise slots above {self.slots}")
-        slot = self._free.pop(0)
-        await self._checked(f"set server pods/{slot} addr 127.0.0.1 port {port}")
-        await self._checked(f"set server pods/{slot} state ready")
-        self._slot_of[endpoint] = slot
-
-    async def remove(self, endpoint: str) -> None:
-        slot = self._slot_of.pop(endpoint, None)
-        if slot is None:
-            return
-        await self._checked(f"set server pods/{slot} state maint")
-        # The slot is reused only after every other one: its old sessions may still be draining.
-        self._free.append(slot)
-
-    def endpoints(self) -> list[str]:
-        return list(self._slot_of)
-
-    async def stats(self) -> list[dict[str, str]]:
-        """``show stat`` rows of the backend's servers."""
-        lines = (await self.command("show stat")).splitlines()
-        header = lines[0].lstrip("# ").split(",")
-        rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line]
-        return [row for row in rows if row.get("pxname") == "pods" and row.get("svname", "").startswith("s")]
-
-    async def backend_connect_errors(self) -> int:
-        return sum(int(row.get("econ") or 0) for row in await self.stats())
-
-    async def close(self) -> None:
-        process = self._process
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 5)
-        except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
 
 
 class Forwarder:
@@ -268,46 +140,31 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
-async def _accepts(port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
-
-
-def _field(info: str, name: str) -> str:
-    for line in info.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return "?"
-
-
-def find_haproxy() -> str | None:
-    """The haproxy binary, unless ``GRACEFUL_ROLLOUT_HAPROXY=off`` asks for the forwarder."""
-    configured = os.environ.get(HAPROXY_ENV, "").strip()
-    if configured.lower() in ("off", "0", "no", "false"):
-        return None
-    if configured:
-        return configured if os.access(configured, os.X_OK) else None
-    return shutil.which("haproxy") or next(
-        (path for path in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(path, os.X_OK)), None
-    )
-
-
 @contextlib.asynccontextmanager
-async def open_balancer(kind: str = "auto", *, slots: int = 16) -> AsyncIterator[HAProxy | Forwarder]:
-    """Start HAProxy (``auto`` when installed, or ``haproxy``) or the forwarder; stop it on exit."""
-    binary = find_haproxy() if kind in ("auto", "haproxy") else None
-    if kind == "haproxy" and binary is None:
-        raise RuntimeError("--balancer haproxy: haproxy is not installed; install it (apt-get install haproxy)")
-    balancer: HAProxy | Forwarder
+async def open_balancer(
+    kind: str = "auto", *, slots: int = 16, gateway_retry: bool = False
+) -> AsyncIterator[HAProxy | Nginx | Forwarder]:
+    """Start the balancer ``kind`` names (``auto``: HAProxy in mode tcp when installed, else the forwarder)."""
+    if kind not in BALANCERS:
+        raise RuntimeError(f"balancer {kind!r} is unknown; use one of {', '.join(BALANCERS)}")
+    if gateway_retry and kind not in L7_BALANCERS:
+        raise RuntimeError(f"gateway retry needs an L7 balancer ({' or '.join(L7_BALANCERS)}), not {kind!r}")
+    balancer: HAProxy | Nginx | Forwarder
     with tempfile.TemporaryDirectory(prefix="g-lb-", dir="/tmp") as directory:
-        balancer = HAProxy(binary, directory, slots=slots) if binary is not None else Forwarder()
+        if kind == "nginx":
+            nginx = find_nginx()
+            if nginx is None:
+                raise RuntimeError("--balancer nginx: nginx is not installed; install it (apt-get install nginx)")
+            balancer = Nginx(nginx, directory, gateway_retry=gateway_retry)
+        else:
+            haproxy = find_haproxy() if kind != "forwarder" else None
+            if haproxy is None and kind in ("haproxy", "haproxy-http"):
+                raise RuntimeError(f"--balancer {kind}: haproxy is not installed; install it (apt-get install haproxy)")
+            if haproxy is None:
+                balancer = Forwarder()
+            else:
+                mode: Mode = "http" if kind == "haproxy-http" else "tcp"
+                balancer = HAProxy(haproxy, directory, slots=slots, mode=mode, gateway_retry=gateway_retry)
         try:
             await balancer.start()
             yield balancer

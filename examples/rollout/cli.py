@@ -17,6 +17,7 @@ import click
 
 from graceful import ConfigError, parse_duration
 
+from .balancer import BALANCERS
 from .report import expectations, render, side_summary
 from .scenarios import SCENARIOS, Options, SideResult, records_file, run_side
 
@@ -42,17 +43,36 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     "--duration", callback=_duration, help="Send traffic at least this long [default: until the rollout ends]."
 )
 @click.option("--retry", type=click.Choice(["none", "sdk"]), default=None, help="Client retries [default sdk].")
-@click.option("--admit-during-propagation", is_flag=True, help="Graceful side serves new requests during the wait.")
-@click.option("--grace-period", callback=_duration, help="terminationGracePeriodSeconds [default 45s; --quick 8s].")
+@click.option(
+    "--admit-during-propagation/--no-admit-during-propagation",
+    default=None,
+    help="Graceful side serves new requests during the propagation wait [default: admit; --no-...: refuse].",
+)
+@click.option(
+    "--grace-period",
+    callback=_duration,
+    help="terminationGracePeriodSeconds [default 45s, 120s admitting at full size; --quick 10s].",
+)
 @click.option("--propagation-wait", callback=_duration, help="preStop propagation wait [default 3s; --quick 1s].")
+@click.option(
+    "--propagation-quiet",
+    callback=_duration,
+    help="preStop --propagation-quiet: end the wait once requests stop [default off; observed-propagation: 2s].",
+)
 @click.option("--lb-delay", callback=_duration, help="Endpoint removal delay [default 1s; lb-delay-30s: 30s].")
 @click.option("--concurrency", type=click.IntRange(min=2), default=None, help="Clients in flight [default 56].")
 @click.option(
     "--balancer",
-    type=click.Choice(["auto", "haproxy", "forwarder"]),
+    type=click.Choice(BALANCERS),
     default="auto",
     show_default=True,
-    help="auto: HAProxy when installed, else the embedded forwarder.",
+    help="auto: HAProxy mode tcp when installed, else the embedded forwarder; L7: haproxy-http, nginx.",
+)
+@click.option(
+    "--gateway-retry",
+    is_flag=True,
+    default=None,
+    help="L7 balancer retries a not-started 503 on another replica, even for POST (the documented config).",
 )
 @click.option("--skip-baseline", is_flag=True, help="Run the graceful side only.")
 @click.option("--records", type=click.Path(file_okay=False), default=None, help="Write per-request JSON lines here.")
@@ -69,10 +89,8 @@ def rollout_command(
     quick: bool,
     **given: Any,
 ) -> None:
-    """Roll N replicas of the example server behind a real L4 balancer, baseline vs graceful, under traffic."""
+    """Roll N replicas of the example server behind a real balancer, baseline vs graceful, under traffic."""
     try:
-        if not given["admit_during_propagation"]:
-            given["admit_during_propagation"] = None
         options = Options.resolve(scenario=scenario, quick=quick, **given)
         if plot is not None:
             from graceful._soak_report import check_plotting

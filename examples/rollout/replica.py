@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -37,7 +38,8 @@ class ReplicaSettings:
     grace_period: float
     propagation_wait: float
     reserve: float | None = None
-    admit_during_propagation: bool = False
+    propagation_quiet: float | None = None
+    admit_during_propagation: bool = True
     tokens_per_second: float = 10.0
     slots: int = 64
     queue_size: int = 256
@@ -131,8 +133,14 @@ class Replica:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.returncode
 
-    async def pre_stop(self, *, propagation_wait: float, timeout: float) -> int:
-        """``graceful drain`` against this replica's admin socket; returns its exit code."""
+    async def pre_stop(
+        self, *, propagation_wait: float, timeout: float, propagation_quiet: float | None = None
+    ) -> tuple[int, float | None]:
+        """``graceful drain`` against this replica's admin socket.
+
+        Returns its exit code and the wall-clock time its propagation phase ended (from
+        ``--json``: the drain's start plus its ``propagation`` seconds), None if unknown.
+        """
         argv = [
             sys.executable,
             "-m",
@@ -145,13 +153,24 @@ class Replica:
             "--timeout",
             f"{timeout:g}s",
             "--quiet",
+            "--json",
         ]
+        if propagation_quiet is not None:
+            argv += ["--propagation-quiet", f"{propagation_quiet:g}s"]
         with open(self.log_path, "ab") as log:
             hook = await asyncio.create_subprocess_exec(
-                *argv, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+                *argv,
+                cwd=ROOT,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
             )
         try:
-            return await hook.wait()
+            out, _ = await hook.communicate()
+            code = hook.returncode
+            assert code is not None
+            return code, _propagation_end(out)
         finally:
             if hook.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -204,6 +223,20 @@ class Replica:
             for entry in os.listdir(self.socket_dir):
                 os.unlink(os.path.join(self.socket_dir, entry))
             os.rmdir(self.socket_dir)
+
+
+def _propagation_end(out: bytes) -> float | None:
+    """The latest wall-clock end of a propagation phase in ``graceful drain --json`` output."""
+    ends = []
+    try:
+        workers = json.loads(out)["workers"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    for worker in workers:
+        result = worker.get("result") or {}
+        if result.get("propagation") is not None and result.get("started_at") is not None:
+            ends.append(float(result["started_at"]) + float(result["propagation"]))
+    return max(ends) if ends else None
 
 
 def _free_port() -> int:

@@ -16,7 +16,7 @@ import httpx
 from graceful import ConfigError
 from graceful.soak import RequestRecord, SoakConfig, SoakReport, run_soak
 
-from .balancer import open_balancer
+from .balancer import L7_BALANCERS, Nginx, open_balancer
 from .replica import Kind, ReplicaSettings
 from .timeline import Plan, Rollout, Termination
 
@@ -30,6 +30,7 @@ SCENARIOS = (
     "ignore-term",
     "prestop-timeout",
     "lb-delay-30s",
+    "observed-propagation",
     "client-disconnect",
     "node-loss",
 )
@@ -45,10 +46,11 @@ class Options:
     updates: int = 3
     duration: float | None = None
     retry: Retry = "sdk"
-    admit_during_propagation: bool = False
+    admit_during_propagation: bool = True
     grace_period: float = 45.0
     reserve: float | None = None
     propagation_wait: float = 3.0
+    propagation_quiet: float | None = None
     lb_delay: float = 1.0
     concurrency: int = 56
     tokens_per_second: float = 10.0
@@ -59,6 +61,7 @@ class Options:
     warmup: float = 4.0
     load_delay: float = 1.0
     balancer: str = "auto"
+    gateway_retry: bool = False
     quick: bool = False
     seed: int | None = None
 
@@ -99,9 +102,23 @@ class Options:
             wait = user.get("propagation_wait", delay + 1.0)
             options = replace(options, lb_delay=delay, propagation_wait=wait)
             if "grace_period" not in user:
-                room = wait + options.longest_stream + 2.0
+                # Admitting, a connection busy at drain start may bring one more request (2 x longest).
+                streams = 2 if options.admit_during_propagation else 1
+                room = wait + streams * options.longest_stream + 2.0
                 grace = room + (options.reserve if options.reserve is not None else max(10.0, 0.5 * room))
                 options = replace(options, grace_period=grace)
+        elif scenario == "observed-propagation":
+            # A generous upper bound that the quiet rule must cut short: the balancer
+            # forgets the endpoint after lb_delay, and the wait ends one quiet period later.
+            options = replace(
+                options,
+                propagation_wait=user.get("propagation_wait", 30.0),
+                propagation_quiet=user.get("propagation_quiet", 2.0),
+                lb_delay=user.get("lb_delay", 3.0),
+            )
+            if "grace_period" not in user:
+                room = options.propagation_wait + 2 * options.longest_stream + 2.0
+                options = replace(options, grace_period=room + (options.reserve or max(10.0, 0.3 * room)))
         if options.admit_during_propagation and not quick and "grace_period" not in user:
             # Serving pinned connections after the window means a connection busy at drain
             # start can bring one more request when its stream ends: the README's rule is
@@ -120,6 +137,16 @@ class Options:
             raise ConfigError(f"--grace-period: {self.grace_period!r} must be above 0, e.g. 30s")
         if self.reserve is not None and self.reserve >= self.grace_period:
             raise ConfigError(f"reserve {self.reserve!r} is not below --grace-period {self.grace_period!r}")
+        if self.propagation_quiet is not None and not 0 < self.propagation_quiet <= self.propagation_wait:
+            raise ConfigError(
+                f"--propagation-quiet {self.propagation_quiet:g}s must be above 0 and no longer than "
+                f"--propagation-wait {self.propagation_wait:g}s; shorten it or lengthen the wait"
+            )
+        if self.gateway_retry and self.balancer not in L7_BALANCERS:
+            raise ConfigError(
+                f"--gateway-retry: --balancer {self.balancer} has no L7 retry to turn on; "
+                f"use --balancer {' or --balancer '.join(L7_BALANCERS)}"
+            )
 
     @property
     def handoff(self) -> bool:
@@ -136,6 +163,7 @@ class Options:
             grace_period=self.grace_period,
             propagation_wait=self.propagation_wait,
             reserve=self.reserve,
+            propagation_quiet=self.propagation_quiet,
             admit_during_propagation=self.admit_during_propagation,
             tokens_per_second=self.tokens_per_second,
             load_delay=self.load_delay,
@@ -203,6 +231,7 @@ class SideResult:
     walkaways: int = 0
     lost_executions: int = 0
     notes: list[str] = field(default_factory=list)
+    reloads: list[tuple[float, float]] = field(default_factory=list)  # nginx: reload start, old workers gone
 
 
 async def run_side(
@@ -214,7 +243,8 @@ async def run_side(
     records_path: str | None = None,
 ) -> SideResult:
     """Start the replicas and the balancer, run traffic through ``updates`` rolling updates, stop everything."""
-    async with open_balancer(options.balancer, slots=options.replicas * (options.updates + 1) + 2) as balancer:
+    slots = options.replicas * (options.updates + 1) + 2
+    async with open_balancer(options.balancer, slots=slots, gateway_retry=options.gateway_retry) as balancer:
         rollout = Rollout(balancer, options.settings(kind, log_dir), options.plan(kind), log=log)
         try:
             await rollout.start()
@@ -274,6 +304,7 @@ async def run_side(
             budget_limit=rollout.budget.limit,
             connect_errors=await balancer.backend_connect_errors(),
             walkaways=walkaways,
+            reloads=balancer.reload_windows() if isinstance(balancer, Nginx) else [],
             lost_executions=lost,
             notes=notes,
         )

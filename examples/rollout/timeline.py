@@ -48,6 +48,7 @@ class Termination:
     lb_removed: float | None = None
     prestop_code: int | None = None
     prestop_seconds: float | None = None
+    propagation_end: float | None = None  # when the drain's propagation phase ended
     sigterm: float | None = None
     sigkill: bool = False
     node_loss: bool = False
@@ -149,9 +150,13 @@ class Rollout:
             async def hook() -> int | None:
                 code = None
                 if self.plan.prestop:
-                    code = await replica.pre_stop(
-                        propagation_wait=self.settings.propagation_wait, timeout=self.budget.limit
+                    code, ended = await replica.pre_stop(
+                        propagation_wait=self.settings.propagation_wait,
+                        propagation_quiet=self.settings.propagation_quiet,
+                        timeout=self.budget.limit,
                     )
+                    if ended is not None:
+                        record.propagation_end = ended - record.wall_t0
                 record.prestop_code = code
                 if self.plan.prestop_hang:
                     await asyncio.Event().wait()  # a stuck hook: only the grace period ends it

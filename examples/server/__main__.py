@@ -114,9 +114,10 @@ _DEFAULTS = Config()
 @click.option("--drain-timeout", envvar=DRAIN_ENV["drain_timeout"], callback=_duration, help="Drain option.")
 @click.option("--reserve", envvar=DRAIN_ENV["reserve"], callback=_duration, help="Drain option.")
 @click.option(
-    "--admit-during-propagation",
+    "--admit-during-propagation/--no-admit-during-propagation",
     envvar=DRAIN_ENV["admit_during_propagation"],
-    is_flag=True,
+    default=True,
+    show_default=True,
     help="Drain option: keep admitting requests during the propagation wait.",
 )
 @click.option(

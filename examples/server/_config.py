@@ -112,8 +112,9 @@ def drain_options_from_env(environ: Mapping[str, str] | None = None) -> dict[str
         if name == "admit_during_propagation":
             if raw.lower() not in _TRUE | _FALSE:
                 raise ConfigError(f"environment variable {var}: {raw!r} is not a boolean; use true or false")
-            if raw.lower() in _TRUE:
-                options[name] = True
+            if raw:
+                # An explicit false matters: graceful's own default is to admit.
+                options[name] = raw.lower() in _TRUE
         elif raw:
             options[name] = parse_duration(raw, name=f"environment variable {var}")
     return options

@@ -2,7 +2,8 @@
 
 Configured by env: GRACEFUL_SOCKET_DIR (admin socket dir), COMPAT_GRACE (grace period,
 seconds), COMPAT_FRAME_DELAY, COMPAT_ADMIT (``default``: graceful's default admission
-during the propagation wait; otherwise refuse from the drain's start). Streams keep
+during the propagation wait; otherwise refuse from the drain's start), COMPAT_PROPAGATION_WAIT
+(seconds, default 0). Streams keep
 going until the server is draining and then send COMPAT_TAIL more frames, so a test
 knows they are in flight during the drain no matter how long the drain command takes
 to start.
@@ -27,7 +28,12 @@ TAIL = int(os.environ.get("COMPAT_TAIL", "100"))  # 2 s of stream after the drai
 MAX_FRAMES = 1500  # a bound: 30 s at the default delay
 # Refuse mode unless asked: most tests check the not-started 503 under every server from the drain's start.
 _MODE = {} if os.environ.get("COMPAT_ADMIT") == "default" else {"admit_during_propagation": False}
-DRAIN = Drain(grace_period=float(os.environ.get("COMPAT_GRACE", "20")), reserve=2, **_MODE)
+DRAIN = Drain(
+    grace_period=float(os.environ.get("COMPAT_GRACE", "20")),
+    reserve=2,
+    propagation_wait=float(os.environ.get("COMPAT_PROPAGATION_WAIT", "0")),
+    **_MODE,
+)
 
 
 async def tokens() -> AsyncIterator[str]:

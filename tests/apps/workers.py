@@ -21,7 +21,7 @@ import anyio
 from starlette.applications import Starlette
 
 from graceful import GracefulMiddleware
-from tests.apps_streaming import app as streaming_app
+from tests.apps.streaming import app as streaming_app
 
 
 def chunk(data: bytes) -> bytes:
@@ -100,9 +100,13 @@ no_admin = GracefulMiddleware(streaming_app, admin=False, grace_period=6, reserv
 
 @contextlib.asynccontextmanager
 async def _slow_lifespan(app: Starlette) -> AsyncIterator[None]:
-    # Long enough for a test to send SIGTERM while the drain is still STARTING.
+    # Startup lasts until the test creates the file SLOW_START_RELEASE names, so that its SIGTERM
+    # surely arrives while the drain is still STARTING (bounded at 30 s).
     print("slow startup begins", file=sys.stderr, flush=True)
-    await anyio.sleep(1.5)
+    release = os.environ["SLOW_START_RELEASE"]
+    with anyio.move_on_after(30):
+        while not os.path.exists(release):
+            await anyio.sleep(0.01)
     yield
 
 

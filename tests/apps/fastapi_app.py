@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from graceful import GracefulMiddleware
 
-from .apps_compat import DRAIN, tokens
+from .compat import DRAIN, tokens
 
 app = FastAPI()
 

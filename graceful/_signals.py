@@ -1,0 +1,224 @@
+"""SIGTERM drains under any server: take the signal from the server, drain, then hand it on.
+
+Servers install their SIGTERM/SIGINT handlers before lifespan startup, on the main
+thread, in one of two ways:
+
+- ``signal.signal``: uvicorn (``capture_signals``, also under gunicorn's ``UvicornWorker``);
+  hypercorn's trio worker leaves SIGTERM at the default;
+- ``loop.add_signal_handler`` on the asyncio loop: hypercorn's asyncio worker and granian's
+  workers.
+
+:class:`SignalDrain` puts itself in front of whichever it finds. The first signal starts
+the drain; once it has ended, the server's own handler gets the signal as if it had just
+arrived. A second signal (more than ``REPEAT_WINDOW`` after the first) hands on at once
+and ends the work still in flight with its final frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ._state import Drain
+from ._status import State
+
+__all__ = ["HANDLED_SIGNALS", "SignalDrain"]
+
+logger = logging.getLogger("graceful")
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A signal this soon after the first is the same stop arriving twice: systemd's default
+# KillMode signals every process of the unit, and gunicorn's or granian's parent then
+# forwards the signal to its workers. Only a later one forces exit.
+REPEAT_WINDOW = 0.5
+
+
+class SignalDrain:
+    """Drain on SIGTERM/SIGINT before the server hears of it; run as a lifespan task."""
+
+    def __init__(self, drain: Drain) -> None:
+        self.drain = drain
+        self.received: list[int] = []  # signals taken from the server and not yet handed on
+        self._restore: list[Callable[[], None]] = []
+        self._call_soon: Callable[[Callable[[int], None], int], object] | None = None
+        self._signalled = anyio.Event()
+        self._forced = anyio.Event()
+        self._first_at = 0.0
+        self._handed_on = False
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            # Signals reach only the main thread: a server running us elsewhere keeps its own.
+            logger.debug("lifespan runs outside the main thread: SIGTERM stays with the server")
+            task_status.started()
+            return
+        self._call_soon = _signal_safe_call_soon()
+        try:
+            for sig in HANDLED_SIGNALS:
+                self._take(sig)
+            task_status.started()
+            if not self._restore:
+                return
+            await self._signalled.wait()
+            await self._drain_then_hand_on()
+        finally:
+            self._give_back()
+
+    def _take(self, sig: int) -> None:
+        loop_handlers = _asyncio_signal_handlers()
+        if loop_handlers is not None and sig in loop_handlers:
+            loop = asyncio.get_running_loop()
+            saved = loop_handlers[sig]
+            loop.add_signal_handler(sig, self._on_signal, sig)
+            ours = loop_handlers[sig]
+
+            def restore_loop_handler() -> None:
+                if loop_handlers.get(sig) is ours:
+                    loop_handlers[sig] = saved
+
+            self._restore.append(restore_loop_handler)
+            return
+        previous = signal.getsignal(sig)
+        if previous is signal.SIG_IGN or previous is None:  # ignored, or installed outside Python
+            return
+        if _owned_by_loop(previous):
+            # The loop (uvloop) dispatches through its own table, which cannot be read:
+            # we could neither stop the server from hearing the signal nor hand it on.
+            logger.warning(
+                "%s stays with the server: its event loop (%s) keeps signal handlers where they cannot be "
+                "taken over; run the server on the asyncio loop, or drain from a preStop hook",
+                signal.Signals(sig).name,
+                type(getattr(previous, "__self__", None)).__module__,
+            )
+            return
+        signal.signal(sig, self._on_os_signal)
+
+        def restore_handler() -> None:
+            if signal.getsignal(sig) == self._on_os_signal:
+                signal.signal(sig, previous)
+
+        self._restore.append(restore_handler)
+
+    def _on_os_signal(self, sig: int, frame: FrameType | None) -> None:
+        # Runs between two bytecodes of whatever the main thread was doing: only hand over.
+        assert self._call_soon is not None
+        self._call_soon(self._on_signal, sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self._handed_on:  # caught just before the server got its handlers back: pass it on
+            signal.raise_signal(sig)
+            return
+        now = time.monotonic()
+        if not self.received:
+            self.received.append(sig)
+            self._first_at = now
+            self._signalled.set()
+            return
+        if now - self._first_at < REPEAT_WINDOW:
+            logger.info(
+                "%s again %.3fs after the first: the same stop (sent to the process group and forwarded)",
+                signal.Signals(sig).name,
+                now - self._first_at,
+            )
+            return
+        self.received.append(sig)
+        logger.warning(
+            "second signal (%s): handing it on now with %d request(s) in flight",
+            signal.Signals(sig).name,
+            self.drain.in_flight,
+        )
+        self._forced.set()
+
+    async def _drain_then_hand_on(self) -> None:
+        drain = self.drain
+        name = signal.Signals(self.received[0]).name
+        if drain.state in (State.STARTING, State.STOPPED):
+            logger.info("%s received while %s: handing it on", name, drain.state.value)
+            self._hand_on()
+            return
+        logger.info("%s received: draining (state %s, %d in flight)", name, drain.state.value, drain.in_flight)
+        over = anyio.Event()
+
+        async def drain_until_over() -> None:
+            # Joins a drain already under way (preStop): same clock, same deadline.
+            try:
+                result = await drain.drain(reason=name)
+                logger.info("drain ended (%s): handing %s on to the server", result.result, name)
+            finally:
+                over.set()
+
+        async def forced() -> None:
+            await self._forced.wait()
+            over.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain_until_over)
+            tg.start_soon(forced)
+            await over.wait()
+            self._hand_on()
+            if self._forced.is_set():
+                await self._cut(drain)
+            tg.cancel_scope.cancel()
+
+    def _hand_on(self) -> None:
+        """Give the server its handlers back and deliver it every signal taken from it."""
+        self._give_back()
+        received, self.received = self.received, []
+        for sig in received:
+            signal.raise_signal(sig)
+
+    def _give_back(self) -> None:
+        self._handed_on = True
+        restore, self._restore = self._restore, []
+        for undo in restore:
+            undo()
+
+    async def _cut(self, drain: Drain) -> None:
+        items = drain.items()
+        logger.warning("forced exit: ending %d request(s) in flight", len(items))
+        async with anyio.create_task_group() as tg:
+            for item in items:
+                if item.open:
+                    drain.count_truncated("forced_exit")
+                    tg.start_soon(item.cut)
+
+
+def _asyncio_signal_handlers() -> dict[int, Any] | None:
+    """The running asyncio loop's ``add_signal_handler`` table, or None (no asyncio loop).
+
+    asyncio offers no way to read a registered handler; its Unix loop keeps them in
+    this dict (``asyncio/unix_events.py``), which ``add_signal_handler`` writes.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    handlers = getattr(loop, "_signal_handlers", None)
+    return handlers if isinstance(handlers, dict) else None
+
+
+def _owned_by_loop(handler: object) -> bool:
+    """Whether ``handler`` is a method of the running event loop (``add_signal_handler``'s hook)."""
+    owner = getattr(handler, "__self__", None)
+    return owner is not None and isinstance(owner, asyncio.AbstractEventLoop)
+
+
+def _signal_safe_call_soon() -> Callable[[Callable[[int], None], int], object]:
+    """How to run a callback in this event loop from a signal handler."""
+    try:
+        return asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:
+        # anyio's other backend: trio runs us, so it is loaded (graceful does not depend on it).
+        trio = sys.modules["trio"]
+        call_soon: Callable[[Callable[[int], None], int], object] = trio.lowlevel.current_trio_token().run_sync_soon
+        return call_soon

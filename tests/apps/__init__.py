@@ -1,0 +1,1 @@
+"""Helper apps the tests serve (under real servers, or in-process)."""
