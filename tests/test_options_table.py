@@ -51,7 +51,7 @@ def test_unknown_options_are_refused_by_name() -> None:
         GracefulMiddleware(lambda *a: None, registry=CollectorRegistry(), admin=False, grace=30)  # type: ignore[arg-type,return-value]
     # The error points at the page that holds the option tables, and that page exists.
     assert str(refused.value).endswith("see the option tables in docs/middleware.md")
-    assert "| `grace_period` |" in (ROOT / "docs" / "middleware.md").read_text()
+    assert "| `grace_period` |" in (REPO / "docs" / "middleware.md").read_text()
 
 
 def test_drain_reads_its_config() -> None:
