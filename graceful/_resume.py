@@ -12,289 +12,34 @@ The splicing is one sans-IO object (``Splice``); the two transports only move by
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import httpx
+
+from ._splice import RESUMABLE_HEADER, RETRY_ATTEMPTS, Kind, Splice, plan
 
 __all__ = ["RESUMABLE_HEADER", "AsyncResumingTransport", "ResumingTransport"]
 
 logger = logging.getLogger("graceful")
 
-RESUMABLE_HEADER = "x-graceful-resumable"
-Kind = Literal["chat", "completion"]
-
-# A continuation the balancer sends to a replica that refuses it (still draining, or
-# gone) is sent again: up to this many times, within this many seconds.
-RETRY_ATTEMPTS = 16
+# Continuations refused by the balancer are sent again within this many seconds at most.
 RETRY_WINDOW = 5.0
 _RETRY_STATUS = frozenset({502, 503, 504})
 # Failures before a continuation's response: refused, reset or closed by the balancer (a dead endpoint).
 _RETRY_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
-_DONE = b"data: [DONE]\n\n"
-_EVENT_END = (b"\r\n\r\n", b"\n\n", b"\r\r")
-
-
-def plan(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | None:
-    """What kind of resumable request this is, and its JSON body; None to pass it through untouched."""
-    if request.method != "POST":
-        return None
-    path = request.url.path.rstrip("/")
-    if path.endswith("/chat/completions"):
-        kind: Kind = "chat"
-    elif path.endswith("/completions"):
-        kind = "completion"
-    else:
-        return None
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(payload, dict) or payload.get("stream") is not True:
-        return None
-    n = payload.get("n")
-    if n is not None and n != 1:
-        return None  # several choices: one continuation cannot carry them all
-    if kind == "chat":
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return None
-    else:
-        prompt = payload.get("prompt")
-        one = isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
-        if not (isinstance(prompt, str) or one) or payload.get("echo"):
-            return None  # token-id or multiple prompts, or echo: the text so far cannot be appended
-    return kind, payload
-
-
-class Splice:
-    """The state of one resumable stream across its attempts: what the caller has seen and what comes next.
-
-    ``feed`` takes bytes from the current upstream response and returns the bytes to
-    give the caller; ``verdict`` decides, once that response has ended, whether to
-    resume; ``continuation`` builds the next request body.
-    """
-
-    def __init__(self, kind: Kind, payload: dict[str, Any], max_resumes: int) -> None:
-        self.kind = kind
-        self.payload = payload
-        self.max_resumes = max_resumes
-        self.resumes = 0
-        self.buffer = b""
-        self.text: list[str] = []
-        self.tokens = 0  # completion tokens received: one per chunk that carries text
-        self.carried_tokens = 0  # tokens carried into the current attempt
-        self.bytes_out = 0
-        self.events = 0  # complete events across all attempts
-        self.first: dict[str, Any] | None = None  # id, created and model of the first chunk
-        self.done = False  # [DONE] seen
-        self.finished = False  # a finish_reason seen
-        self.shutdown: bytes | None = None  # graceful's final event, held back
-        self.blocked: str | None = None  # why this stream must not resume
-        self.in_tool_call = False
-
-    # -- reading an attempt ------------------------------------------------------------
-
-    def feed(self, data: bytes) -> bytes:
-        self.buffer += data
-        out: list[bytes] = []
-        while True:
-            cut = _event_end(self.buffer)
-            if cut is None:
-                break
-            end, size = cut
-            raw = self.buffer[: end + size]
-            self.buffer = self.buffer[end + size :]
-            emitted = self._event(raw)
-            if emitted:
-                out.append(emitted)
-        result = b"".join(out)
-        self.bytes_out += len(result)
-        return result
-
-    def _event(self, raw: bytes) -> bytes:
-        data = _data(raw)
-        if data is None:
-            return raw  # a comment or keep-alive: pass it on
-        if self.done:
-            return b""  # nothing after [DONE]
-        if data.strip() == b"[DONE]":
-            self.done = True
-            return _DONE if self.resumes else raw
-        self.events += 1
-        try:
-            event = json.loads(data)
-        except (UnicodeDecodeError, ValueError):
-            self.blocked = "an event that is not JSON"
-            return raw
-        if not isinstance(event, dict):
-            return raw
-        error = event.get("error")
-        if error is not None:
-            if isinstance(error, dict) and error.get("type") == "server_shutdown":
-                self.shutdown = raw  # handed back only if the stream does not resume
-                return b""
-            self.blocked = "an error event"
-            return raw
-        if self.first is None:
-            self.first = {key: event[key] for key in ("id", "created", "model") if key in event}
-        self._read_choices(event)
-        if not self.resumes:
-            return raw
-        if not self._splice(event):
-            return b""
-        return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
-
-    def _read_choices(self, event: dict[str, Any]) -> None:
-        choices = event.get("choices")
-        if not isinstance(choices, list):
-            return
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            if choice.get("index", 0) != 0:
-                self.blocked = "a second choice"
-            if self.kind == "chat":
-                delta = choice.get("delta") or {}
-                content = delta.get("content")
-                if delta.get("tool_calls"):
-                    self.in_tool_call = True
-                if delta.get("reasoning_content") or delta.get("reasoning"):
-                    self.blocked = "reasoning deltas (a continuation cannot carry them)"
-            else:
-                content = choice.get("text")
-            if isinstance(content, str) and content:
-                self.text.append(content)
-                self.tokens += 1
-            if choice.get("finish_reason") is not None:
-                self.finished = True
-                self.in_tool_call = False
-
-    def _splice(self, event: dict[str, Any]) -> bool:
-        """Make a continuation's chunk read as part of the first response; False to drop it."""
-        keep = True
-        if self.first:
-            event.update(self.first)
-        choices = event.get("choices")
-        if isinstance(choices, list):
-            for choice in choices:
-                delta = choice.get("delta") if isinstance(choice, dict) else None
-                if isinstance(delta, dict) and "role" in delta:
-                    del delta["role"]  # the caller has had its role delta
-                    if not delta.get("content") and len(delta) <= 1 and choice.get("finish_reason") is None:
-                        keep = False  # an empty opening chunk: nothing to show
-        usage = event.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-            carried = self.carried_tokens
-            completion = usage.get("completion_tokens")
-            usage["prompt_tokens"] = max(0, usage["prompt_tokens"] - carried)
-            if isinstance(completion, int):
-                usage["completion_tokens"] = completion + carried
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return keep
-
-    # -- between attempts ----------------------------------------------------------------
-
-    def verdict(self) -> str | None:
-        """Once an attempt has ended: why not to resume (None: resume)."""
-        if self.done:
-            return "complete"
-        if self.shutdown is None and self.events == 0:
-            return "cut before any complete event"
-        if self.blocked is not None:
-            return self.blocked
-        if self.in_tool_call:
-            return "cut inside a tool call"
-        if self.finished:
-            return "cut after the finish reason"
-        if self.resumes >= self.max_resumes:
-            return f"max_resumes={self.max_resumes} reached"
-        left = self.remaining()
-        if left is not None and left <= 0:
-            return "no tokens left to generate"
-        return None
-
-    def remaining(self) -> int | None:
-        for name in ("max_completion_tokens", "max_tokens"):
-            value = self.payload.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value - self.tokens
-        return None
-
-    def continuation(self) -> bytes:
-        """The next request's body: the original, with the text so far as the model's own."""
-        body = copy.deepcopy(self.payload)
-        text = "".join(self.text)
-        if self.kind == "chat":
-            messages = body["messages"]
-            last = messages[-1] if messages else None
-            if (
-                isinstance(last, dict)
-                and last.get("role") == "assistant"
-                and body.get("continue_final_message") is True
-                and isinstance(last.get("content"), str)
-            ):
-                last["content"] += text  # the caller prefilled the answer: it grows
-            else:
-                messages.append({"role": "assistant", "content": text})
-            body["continue_final_message"] = True
-            body["add_generation_prompt"] = False
-        else:
-            prompt = body["prompt"]
-            body["prompt"] = prompt + text if isinstance(prompt, str) else [prompt[0] + text]
-        for name in ("max_completion_tokens", "max_tokens"):
-            value = body.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                body[name] = max(1, value - self.tokens)
-        return json.dumps(body, separators=(",", ":")).encode()
-
-    def begin_resume(self, reason: str, url: httpx.URL) -> bytes:
-        self.resumes += 1
-        self.carried_tokens = self.tokens
-        self.buffer = b""
-        self.shutdown = None
-        logger.info(
-            "resuming stream %s (%s) at %s: %d bytes and %d tokens carried over (resume %d of at most %d)",
-            (self.first or {}).get("id", "?"),
-            reason,
-            url,
-            self.bytes_out,
-            self.tokens,
-            self.resumes,
-            self.max_resumes,
-        )
-        return self.continuation()
-
-    def surfaced(self) -> bytes:
-        """What to hand the caller when the stream ends without resuming: the held final event, if any."""
-        held, self.shutdown = self.shutdown, None
-        return held or b""
-
-
-def _event_end(buffer: bytes) -> tuple[int, int] | None:
-    best: tuple[int, int] | None = None
-    for sep in _EVENT_END:
-        at = buffer.find(sep)
-        if at >= 0 and (best is None or at < best[0]):
-            best = (at, len(sep))
-    return best
-
-
-def _data(raw: bytes) -> bytes | None:
-    """The joined ``data:`` lines of one SSE event, or None when it has none."""
-    lines = [line for line in raw.replace(b"\r\n", b"\n").split(b"\n") if line.startswith(b"data:")]
-    if not lines:
-        return None
-    return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
 
 
 def _is_sse(response: httpx.Response) -> bool:
     media: str = response.headers.get("content-type", "")
     return media.split(";", 1)[0].strip().lower() == "text/event-stream"
+
+
+def _candidate(request: httpx.Request) -> bool:
+    """Whether the body is worth reading: other requests (uploads) are passed on unread."""
+    return request.method == "POST" and request.url.path.rstrip("/").endswith("/completions")
 
 
 def _prepare(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | None:
@@ -330,7 +75,7 @@ class ResumingTransport(httpx.BaseTransport):
         self.transport = transport if transport is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read() if request.method == "POST" else b""
+        body = request.read() if _candidate(request) else b""
         found = _prepare(request, body)
         response = self.transport.handle_request(request)
         if found is None or response.status_code != 200 or not _is_sse(response):
@@ -394,6 +139,7 @@ class _SyncStream(httpx.SyncByteStream):
 
     def _resume(self, reason: str) -> httpx.Response | None:
         body = self.splice.begin_resume(reason, self.request.url)
+        time.sleep(self.splice.pause())
         deadline = time.monotonic() + RETRY_WINDOW
         for attempt in range(RETRY_ATTEMPTS):
             try:
@@ -427,7 +173,7 @@ class AsyncResumingTransport(httpx.AsyncBaseTransport):
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread() if request.method == "POST" else b""
+        body = await request.aread() if _candidate(request) else b""
         found = _prepare(request, body)
         response = await self.transport.handle_async_request(request)
         if found is None or response.status_code != 200 or not _is_sse(response):
@@ -493,6 +239,7 @@ class _AsyncStream(httpx.AsyncByteStream):
         import anyio
 
         body = self.splice.begin_resume(reason, self.request.url)
+        await anyio.sleep(self.splice.pause())
         deadline = time.monotonic() + RETRY_WINDOW
         for attempt in range(RETRY_ATTEMPTS):
             try:

@@ -284,6 +284,9 @@ def serve(target: str, options: dict[str, Any], explicit: frozenset[str], **conf
     if options.get("socket_dir"):
         # Workers, and apps wrapped elsewhere with socket_dir=None, find it here.
         os.environ["GRACEFUL_SOCKET_DIR"] = options["socket_dir"]
+    if options.get("handoff_streams"):
+        # An app wrapped elsewhere (built from the environment, as examples.server is) reads it here.
+        os.environ["GRACEFUL_HANDOFF_STREAMS"] = "1"
     socket_dir = options.get("socket_dir") or default_socket_dir()
     socket_path(socket_dir, 4194304)  # the longest Linux pid: refuse a long dir before starting
     app = load_app(target, options, explicit=explicit)

@@ -38,11 +38,14 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def replica(name: str, *, token_word: str = "tok", **options: Any) -> AsyncIterator[Replica]:
-    """One example server under uvicorn on 127.0.0.1, SERVING when yielded; ``options`` go to the middleware."""
+async def replica(name: str, *, token_word: str = "tok", slots: int = 32, **options: Any) -> AsyncIterator[Replica]:
+    """One example server under uvicorn on 127.0.0.1, SERVING when yielded; ``options`` go to the middleware.
+
+    ``slots`` is the example engine's concurrency: requests past it queue before their response starts.
+    """
     options.setdefault("grace_period", 30)
     options.setdefault("propagation_wait", 0.2)
-    config = Config(tokens_per_second=TOKENS_PER_SECOND, load_delay=0.0, slots=32, token_word=token_word)
+    config = Config(tokens_per_second=TOKENS_PER_SECOND, load_delay=0.0, slots=slots, token_word=token_word)
     app = create_app(config, registry=CollectorRegistry(), name=name, admin=False, **options)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -247,3 +247,26 @@ def test_max_resumes_must_be_a_whole_number() -> None:
         graceful.ResumingTransport(max_resumes=-1)
     with pytest.raises(ValueError, match=r"max_resumes='3'"):
         graceful.AsyncResumingTransport(max_resumes="3")  # type: ignore[arg-type]
+
+
+async def test_a_stream_queued_past_the_handoff_is_handed_off_as_it_starts() -> None:
+    """1. A has one engine slot; stream 1 holds it, stream 2 waits in A's queue 2. B joins, A drains:
+    stream 1 is handed off at once, then stream 2 starts on A and is handed off as it starts
+    3. both end on B with every token; A drained without waiting for either."""
+    async with replica("a", handoff_streams=True, slots=1) as a, replica("b") as b:
+        async with service(a) as balancer:
+            first, second = Reader(), Reader()
+            started = first.reached(5)
+            async with _client(f"http://127.0.0.1:{balancer.port}/v1") as client, anyio.create_task_group() as tg:
+                tg.start_soon(first.read, client, 80)
+                with anyio.fail_after(20):
+                    await started.wait()
+                tg.start_soon(second.read, client, 80)
+                with anyio.fail_after(20):
+                    while a.app.engine.waiting < 1:  # A's own queue: stream 2 is in line
+                        await anyio.sleep(0.01)
+                await balancer.add(b.name, b.port)
+                result = await a.app.drain.drain(reason="rollout")
+    assert first.error is None and first.text == expected_text(80) and first.resumes == 1
+    assert second.error is None and second.text == expected_text(80) and second.resumes == 1
+    assert result.result == "drained" and result.handed_off == 2

@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 import graceful
-from graceful._resume import Splice
+from graceful._splice import Splice
 from tests.resume_utils import expected_text, replica, service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -210,3 +210,30 @@ def test_the_continuation_grows_a_prefilled_answer_and_lowers_the_limits() -> No
     assert body["messages"] == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Sure: one two"}]
     assert body["max_completion_tokens"] == 48 and body["seed"] == 3 and body["temperature"] == 0.7
     assert payload["messages"][1]["content"] == "Sure:"  # the caller's request is left as it was
+
+
+def test_handoff_streams_comes_from_the_option_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graceful import ConfigError, Drain
+
+    assert Drain().config.handoff_streams is False
+    assert Drain(handoff_streams=True).config.handoff_streams is True
+    monkeypatch.setenv("GRACEFUL_HANDOFF_STREAMS", "1")
+    assert Drain().config.handoff_streams is True
+    assert Drain(handoff_streams=False).config.handoff_streams is False
+    monkeypatch.setenv("GRACEFUL_HANDOFF_STREAMS", "maybe")
+    with pytest.raises(ConfigError, match=r"GRACEFUL_HANDOFF_STREAMS: 'maybe' is not a boolean; use 1 or 0"):
+        Drain()
+    with pytest.raises(ConfigError, match=r"handoff_streams: expected True or False, got 'yes'"):
+        Drain(handoff_streams="yes")
+
+
+def test_graceful_drain_shows_handed_off_streams_apart() -> None:
+    from graceful._admin_client import WorkerDrain
+    from graceful._cli import _progress_line, _report
+
+    running = WorkerDrain("a.sock", pid=7, in_flight=1, handed_off=3, progressed=True, propagation_over=True)
+    assert _progress_line([running], 2.0) == (
+        "draining 1 worker: 1 in flight, 2.0 s elapsed, 3 streams handed off, propagation over"
+    )
+    done = WorkerDrain("a.sock", pid=7, result={"result": "drained", "duration": 1.25, "handed_off": 3, "truncated": 0})
+    assert _report([done], 1.3)[0] == "worker 7: drained in 1.2 s; 3 streams handed off"

@@ -26,6 +26,7 @@ import anyio.to_thread
 import httpx
 import openai
 import pytest
+from prometheus_client import generate_latest
 
 import graceful
 from tests.resume_utils import TOKENS_PER_SECOND, expected_text, replica, service
@@ -132,4 +133,5 @@ async def test_streams_drained_mid_way_continue_exactly_on_the_other_replica() -
     assert result.duration < TOKENS / TOKENS_PER_SECOND / 2
     counters = a.app.drain.counters()["requests"]
     assert counters["handed_off"] == 4 and counters["cancelled"] == 0
+    assert b'graceful_requests_total{outcome="handed_off"} 4.0' in generate_latest(a.app.registry)
     assert b.app.drain.counters()["requests"]["completed"] == 4
