@@ -213,7 +213,7 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
     if baseline is not None and baseline["kind"] == "baseline":
         base_failed = sum(baseline["by_reason"][r] for r in REASONS if r != "ok")
         if base_failed == 0 and not baseline["duplicates"]:
-            lines.append("baseline: no failed request in this configuration (honest result: nothing to fix here).")
+            lines.append("baseline: no failed request in this configuration.")
         else:
             lines.append(f"baseline: {base_failed} request(s) did not end ok.")
         if baseline["blind_retries"]:
