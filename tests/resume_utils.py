@@ -7,7 +7,6 @@ port 0 (no port race); the balancer is ``examples/rollout/balancer.py``.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from examples.rollout.balancer import HAProxy, open_balancer
 from examples.server import Config, ExampleServer, create_app
 from examples.server._openai import token_text
 from graceful import State
+from tests.utils import run_uvicorn
 
 TOKENS_PER_SECOND = 40.0
 
@@ -47,36 +47,14 @@ async def replica(name: str, *, token_word: str = "tok", slots: int = 32, **opti
     options.setdefault("propagation_wait", 0.2)
     config = Config(tokens_per_second=TOKENS_PER_SECOND, load_delay=0.0, slots=slots, token_word=token_word)
     app = create_app(config, registry=CollectorRegistry(), name=name, admin=False, **options)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
-    done = anyio.Event()
-
-    async def serve() -> None:
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            done.set()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve)
+    async with run_uvicorn(app, lifespan="on") as server:
         with anyio.fail_after(10):
-            while app.drain.state is not State.SERVING:  # the app's own state: no probe polling
-                if done.is_set():
-                    raise RuntimeError(f"replica {name} failed to start")
+            while app.drain.state is not State.SERVING:  # the app's own state (its model loads): no probe
                 await anyio.sleep(0.01)
         try:
-            yield Replica(name, app, port, server)
+            yield Replica(name, app, server.port, server)
         finally:
-            server.should_exit = True
-            server.force_exit = True
-            with anyio.move_on_after(5):
-                await done.wait()
-            tg.cancel_scope.cancel()
-            sock.close()
+            server.force_exit = True  # streams still open end with the replica, as a killed pod's do
 
 
 @contextlib.asynccontextmanager
