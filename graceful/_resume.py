@@ -121,15 +121,13 @@ class _SyncStream(httpx.SyncByteStream):
                     splice.blocked = "the client's own read timeout"
             finally:
                 self.response.close()
-            why = splice.verdict()
-            if why is None:
-                response = self._resume("shutdown event" if splice.shutdown else f"cut: {error or 'closed'}")
+            reason = splice.resume_reason(error)
+            if reason is not None:
+                response = self._resume(reason)
                 if response is not None:
                     self.response = response
                     self.extensions["graceful_resumes"] = splice.resumes
                     continue
-            elif why != "complete" and (error is not None or splice.shutdown):
-                logger.info("stream %s ends without resuming: %s", (splice.first or {}).get("id", "?"), why)
             held = splice.surfaced()
             if held:
                 yield held
@@ -219,15 +217,13 @@ class _AsyncStream(httpx.AsyncByteStream):
                     splice.blocked = "the client's own read timeout"
             finally:
                 await self.response.aclose()
-            why = splice.verdict()
-            if why is None:
-                response = await self._resume("shutdown event" if splice.shutdown else f"cut: {error or 'closed'}")
+            reason = splice.resume_reason(error)
+            if reason is not None:
+                response = await self._resume(reason)
                 if response is not None:
                     self.response = response
                     self.extensions["graceful_resumes"] = splice.resumes
                     continue
-            elif why != "complete" and (error is not None or splice.shutdown):
-                logger.info("stream %s ends without resuming: %s", (splice.first or {}).get("id", "?"), why)
             held = splice.surfaced()
             if held:
                 yield held

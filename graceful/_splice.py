@@ -195,6 +195,16 @@ class Splice:
 
     # -- between attempts ----------------------------------------------------------------
 
+    def resume_reason(self, error: BaseException | None) -> str | None:
+        """Once an attempt has ended (``error``: how its read failed, if it did): why to resume, or
+        None not to. A cut or shut-down stream that is not resumed is logged with the reason."""
+        why = self.verdict()
+        if why is None:
+            return "shutdown event" if self.shutdown else f"cut: {error or 'closed'}"
+        if why != "complete" and (error is not None or self.shutdown):
+            logger.info("stream %s ends without resuming: %s", (self.first or {}).get("id", "?"), why)
+        return None
+
     def verdict(self) -> str | None:
         """Once an attempt has ended: why not to resume (None: resume)."""
         if self.done:
