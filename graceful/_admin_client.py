@@ -59,6 +59,10 @@ _MAX_HEAD = 16 * 1024
 _MAX_LINE = 1024 * 1024
 # A small request (status, resume) gets this long, connect to last byte.
 _REQUEST_TIMEOUT = 5.0
+# A drain's answer has a line every second (progress); this long without a byte means the
+# server stopped answering, whatever the drain's own limit. It bounds a hook run without
+# --timeout too.
+_DRAIN_SILENCE = 30.0
 
 
 class _Unreachable(Exception):
@@ -72,26 +76,32 @@ class _Broken(Exception):
 class _Answer:
     """One response read off a blocking socket: its status, then its body chunk by chunk or line by line.
 
-    Every read ends by ``deadline`` (``time.monotonic()``), or never when it is ``None``.
+    Every read ends by ``deadline`` (``time.monotonic()``), and after ``silence`` seconds
+    without a byte; ``None`` leaves that bound out.
     """
 
-    def __init__(self, sock: _socket.socket, deadline: float | None) -> None:
+    def __init__(self, sock: _socket.socket, deadline: float | None, silence: float | None = None) -> None:
         self.status = 0
         self._sock = sock
         self._deadline = deadline
+        self._silence = silence
         self._chunked = False
         self._left: int | None = None
         self._buffer = b""
 
     def _more(self) -> bytes:
+        wait = self._silence
         if self._deadline is not None:
             left = self._deadline - time.monotonic()
             if left <= 0:
                 raise _Broken("no answer in time")
-            self._sock.settimeout(left)
+            wait = left if wait is None else min(wait, left)
+        self._sock.settimeout(wait)
         try:
             return self._sock.recv(65536)
         except TimeoutError:
+            if self._silence is not None and wait == self._silence:
+                raise _Broken(f"the server sent nothing for {self._silence:g} s") from None
             raise _Broken("no answer in time") from None
         except OSError:
             return b""
@@ -169,14 +179,21 @@ class _Answer:
             yield pending
 
 
-def _exchange(path: str, method: str, target: str, deadline: float | None, opened: list[_socket.socket]) -> _Answer:
+def _exchange(
+    path: str,
+    method: str,
+    target: str,
+    deadline: float | None,
+    opened: list[_socket.socket],
+    silence: float | None = None,
+) -> _Answer:
     """Send one request without a body and read the answer's head; the body is the caller's to read.
 
     The socket goes into ``opened``: the caller closes it, which also stops a read in another thread.
     """
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     opened.append(sock)
-    sock.settimeout(None if deadline is None else max(0.001, deadline - time.monotonic()))
+    sock.settimeout(silence if deadline is None else max(0.001, deadline - time.monotonic()))
     try:
         sock.connect(path)
     except TimeoutError:
@@ -188,7 +205,7 @@ def _exchange(path: str, method: str, target: str, deadline: float | None, opene
         sock.sendall(request.encode("ascii"))
     except OSError:
         raise _Broken("the connection closed before the request was sent") from None
-    answer = _Answer(sock, deadline)
+    answer = _Answer(sock, deadline, silence)
     answer.read_head()
     return answer
 
@@ -273,8 +290,8 @@ def drain_all(
 ) -> list[WorkerDrain]:
     """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs.
 
-    Blocks until every worker has sent its final line, or until the drain's own limit plus a
-    margin has passed (never, without a ``timeout``).
+    Blocks until every worker has sent its final line, until the drain's own limit plus a
+    margin has passed, or until a worker has sent nothing for ``_DRAIN_SILENCE`` seconds.
     """
     params: dict[str, str] = {"reason": reason}
     if propagation_wait is not None:
@@ -290,7 +307,7 @@ def drain_all(
     def one(path: str) -> None:
         worker = workers[path]
         try:
-            answer = _exchange(path, "POST", "/drain?" + urlencode(params), None, opened)
+            answer = _exchange(path, "POST", "/drain?" + urlencode(params), None, opened, _DRAIN_SILENCE)
             if answer.status != 200:
                 body = answer.body().decode(errors="replace").strip()
                 worker.error = f"HTTP {answer.status}: {body}"

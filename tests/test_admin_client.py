@@ -139,3 +139,23 @@ async def test_nothing_listening_is_no_server() -> None:
     with pytest.raises(NoServer, match="nothing is listening on"):
         await drain_all([path], timeout=5)
     assert await request_all([path], "GET", "/status") == {path: None}
+
+
+async def test_a_server_gone_silent_ends_a_drain_without_a_timeout(scripted: Any, monkeypatch: Any) -> None:
+    """1. the server answers the drain with its head and status line 2. then sends nothing more,
+    holding the connection open 3. a drain run without --timeout has no limit of its own, yet
+    the client gives up after the silence bound: one error naming it, no result."""
+    monkeypatch.setattr("graceful._admin_client._DRAIN_SILENCE", 0.3)
+    hold = anyio.Event()
+
+    async def script(stream: anyio.abc.ByteStream) -> None:
+        await stream.send(HEAD + b"%x\r\n%s\r\n" % (len(STATUS), STATUS))
+        await hold.wait()  # silent, connection open, until the test ends
+
+    path = await scripted(script)
+    try:
+        [worker] = await drain_all([path])
+    finally:
+        hold.set()
+    assert worker.result is None and worker.pid == 7
+    assert worker.error == "lost the connection before the drain ended (the server sent nothing for 0.3 s)"
