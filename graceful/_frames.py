@@ -1,4 +1,4 @@
-"""The last frame of a stream that the drain deadline ends (see the README, "At the deadline")."""
+"""The last frame of a stream that the drain deadline ends (docs/deadline.md, "At the deadline")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``graceful soak``: short, long and streaming traffic against an OpenAI-compatible endpoint, every request judged.
 
-Each request ends with exactly one reason (see ``REASONS`` and the README's end
+Each request ends with exactly one reason (see ``REASONS`` and docs/soak.md's end
 reasons table). The distinction that matters most is *when* a connection died:
 before it was established (``refused``: safe to retry), after the request was sent
 but before any response header (``ambiguous``: it may have run), or after the body

@@ -953,7 +953,7 @@ SGLANG_NOW = dataclasses.replace(PRESETS["sglang"], min_idle_span=0.0)
 async def test_sglang_prefill_with_bootstrap_and_transfer_requests_keeps_waiting(
     serve: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's prefill worker: 0 running, 0 queued, 3 in bootstrap, 2 sending KV."""
+    """docs/engines.md's prefill worker: 0 running, 0 queued, 3 in bootstrap, 2 sending KV."""
     engine = ScriptedEngine(engine_page("sglang_prefill"))
     assert await drain_cli(engine="sglang", metrics_url=await serve(engine), timeout=0.5) == 1
     result, err = json_result(capsys)

@@ -119,7 +119,7 @@ class Options:
                 options = replace(options, grace_period=room + (options.reserve or max(10.0, 0.3 * room)))
         if options.admit_during_propagation and not quick and "grace_period" not in user:
             # Serving pinned connections after the window means a connection busy at drain
-            # start can bring one more request when its stream ends: the README's rule is
+            # start can bring one more request when its stream ends: the budget rule (docs/kubernetes.md) is
             # propagation + 2 x longest request (with queueing) + reserve. 120 s is the value
             # measured to hold at the full default size (0 failures in 10,015 strict requests).
             options = replace(options, grace_period=max(options.grace_period, 120.0))

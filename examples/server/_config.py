@@ -16,7 +16,7 @@ from graceful import ConfigError, parse_duration
 
 __all__ = ["DRAIN_ENV", "ENV", "Config", "drain_options_from_env", "served_by"]
 
-# Field name -> environment variable. The README's table lists the same names.
+# Field name -> environment variable. docs/kubernetes.md's table lists the same names.
 ENV = {
     "model": "GRACEFUL_EXAMPLE_MODEL",
     "tokens_per_second": "GRACEFUL_EXAMPLE_TOKENS_PER_SECOND",
