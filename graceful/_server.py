@@ -141,7 +141,7 @@ class GracefulServer(uvicorn.Server):
         while not should_exit:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), 0.1)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 counter = (counter + 1) % 864000
             self._wakeup.clear()
             should_exit = await self.on_tick(counter)

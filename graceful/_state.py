@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ._ledger import NotAccepting, Tracked, track
@@ -190,7 +190,7 @@ class Drain:
         now = time.time()
         elapsed = now - self.since
         self.since = now
-        when = datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds")
+        when = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
         logger.info(
             "state %s -> %s at %s (reason=%s, in_flight=%d, elapsed=%.3fs)",
             *(old.value, new.value, when, reason, len(self._work), elapsed),

@@ -14,7 +14,7 @@ DrainOutcome = Literal["drained", "timeout", "resumed", "stopped"]
 OUTCOMES = ("completed", "client_disconnected", "error", "cancelled", "handed_off")
 
 
-class State(str, enum.Enum):
+class State(str, enum.Enum):  # noqa: UP042 (a StrEnum would change str(State.SERVING), which users may log or compare)
     STARTING = "STARTING"
     SERVING = "SERVING"
     DRAINING = "DRAINING"

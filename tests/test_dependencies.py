@@ -9,9 +9,8 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 from tests.utils import ROOT
 

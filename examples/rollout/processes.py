@@ -54,7 +54,7 @@ async def stop_group(process: asyncio.subprocess.Process | None, *, timeout: flo
         os.killpg(process.pid, signal.SIGTERM)
     try:
         await asyncio.wait_for(process.wait(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         await process.wait()

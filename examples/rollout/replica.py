@@ -204,7 +204,7 @@ class Replica:
             return True
         try:
             await asyncio.wait_for(self.process.wait(), max(timeout, 0.0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         self.exited = self.exited or time.monotonic()
         return True

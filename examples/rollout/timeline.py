@@ -165,7 +165,7 @@ class Rollout:
             task = asyncio.create_task(hook())
             try:
                 await asyncio.wait_for(asyncio.shield(task), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.log(f"  preStop of {replica.name} still running at the grace period: SIGTERM")
             finally:
                 task.cancel()
