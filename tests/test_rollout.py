@@ -233,8 +233,10 @@ def test_losses_at_an_nginx_reload_are_told_apart() -> None:
     broken = expectations(summary, options)
     assert "ambiguous=1 (not at a reload)" in broken and "truncated=1" in broken
     assert any(item.startswith("failed=2 ") for item in broken)
-    side.reloads = []
+    assert "nginx reloads (endpoint changes)" in render(None, summary, options)
+    side.reloads = []  # the Lua balancer: endpoint changes without a reload, and no reload rows
     assert reload_losses(side) == 0
+    assert "nginx reloads" not in render(None, side_summary(side, options), options)
 
 
 @pytest.mark.timeout(60)
