@@ -27,7 +27,7 @@ import uvicorn
 
 from examples.rollout.balancer import open_balancer
 from examples.rollout.haproxy import find_haproxy
-from examples.rollout.nginx import Nginx, find_nginx
+from examples.rollout.nginx import Nginx, find_nginx, lua_modules
 from graceful import GracefulMiddleware
 from graceful._types import Message, Receive, Scope, Send
 from tests.servers import Launched
@@ -329,3 +329,28 @@ def wait_listening(server: Launched) -> None:
                 return
         assert time.monotonic() < deadline, server.log
         time.sleep(0.05)
+
+
+@needs_nginx
+@pytest.mark.parametrize("lua", ["on", "off"])
+async def test_nginx_changes_endpoints_with_lua_without_a_reload(lua: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1. replicas a and b behind the demo's nginx: its Lua balancer, or with
+    GRACEFUL_ROLLOUT_NGINX_LUA=off the reload fallback 2. requests reach both 3. a leaves the
+    list 4. every later request reaches b. With Lua, on the workers nginx started with: no
+    reload, so no client connection was closed by an exiting worker; without it, by reloads."""
+    if lua == "on" and not lua_modules(find_nginx() or "nginx"):
+        pytest.skip("nginx's Lua module is not installed (apt-get install libnginx-mod-http-lua)")
+    monkeypatch.setenv("GRACEFUL_ROLLOUT_NGINX_LUA", lua)
+    async with replica("a") as a, replica("b") as b, open_balancer("nginx") as balancer:
+        assert isinstance(balancer, Nginx) and bool(balancer.modules) == (lua == "on")
+        await balancer.add("a", a.port)
+        await balancer.add("b", b.port)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{balancer.port}", timeout=10) as client:
+            before = [(await client.post("/", content=BODY)).json()["served_by"] for _ in range(6)]
+            await balancer.remove("a")
+            after = [(await client.post("/", content=BODY)).json()["served_by"] for _ in range(6)]
+        log = balancer.log_text()
+    assert set(before) == {"a", "b"}
+    assert after == ["b"] * 6
+    # nginx logs "start worker processes" once at start and once per reload.
+    assert log.count("start worker processes") == (1 if lua == "on" else 4)

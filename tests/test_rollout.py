@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import tempfile
 from collections.abc import AsyncIterator
 
@@ -232,5 +233,29 @@ def test_losses_at_an_nginx_reload_are_told_apart() -> None:
     broken = expectations(summary, options)
     assert "ambiguous=1 (not at a reload)" in broken and "truncated=1" in broken
     assert any(item.startswith("failed=2 ") for item in broken)
-    side.reloads = []
+    assert "nginx reloads (endpoint changes)" in render(None, summary, options)
+    side.reloads = []  # the Lua balancer: endpoint changes without a reload, and no reload rows
     assert reload_losses(side) == 0
+    assert "nginx reloads" not in render(None, side_summary(side, options), options)
+
+
+@pytest.mark.timeout(60)
+async def test_the_baseline_is_uvicorn_without_a_drain() -> None:
+    """1. a baseline replica (plain uvicorn, the example app, a 30 s propagation wait in its
+    settings) is started and probed 2. SIGTERM with nothing in flight 3. it exits at once, as
+    uvicorn does: the middleware inside the app did not take SIGTERM over to drain (which would
+    keep it serving for the 30 s wait). The graceful side's replicas drain: see the rollouts."""
+    from examples.rollout.replica import Replica, ReplicaSettings
+
+    with tempfile.TemporaryDirectory(prefix="g-logs-") as logs:
+        settings = ReplicaSettings(kind="baseline", grace_period=60, propagation_wait=30, log_dir=logs)
+        assert settings.environment("b", logs)["GRACEFUL_DRAIN_ON_SIGTERM"] == "0"
+        replica = Replica("b", settings)
+        try:
+            await replica.start()
+            await replica.wait_started()
+            replica.terminate()
+            assert await replica.wait(15), "the baseline drained on SIGTERM instead of stopping"
+            assert replica.returncode == -signal.SIGTERM  # uvicorn re-raises the signal once it has shut down
+        finally:
+            await replica.stop()

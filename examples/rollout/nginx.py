@@ -6,9 +6,20 @@ passive health marking (``max_fails=0``: ingress-nginx's Lua balancer does not m
 endpoints down either), unbuffered responses so that streams flow. Directives:
 http://nginx.org/en/docs/http/ngx_http_upstream_module.html and ngx_http_proxy_module.html.
 
-An endpoint leaves nginx as it leaves ingress-nginx's view of a Service: the upstream
-list is rewritten and the master reloads (SIGHUP, what ``nginx -s reload`` sends). New
-workers serve new requests from then on; the old ones finish what they hold and exit.
+An endpoint leaves nginx as it leaves ingress-nginx's: without a reload. ingress-nginx
+balances in Lua (``balancer_by_lua_block`` over one placeholder server, ``keepalive`` on the
+upstream, ``set_more_tries(1)`` before ``set_current_peer`` on each try; upstream
+rootfs/etc/nginx/lua/balancer.lua) and its controller posts the endpoint list into a shared
+dict. This emulation does the same with nginx's Lua module (Debian package
+``libnginx-mod-http-lua``): the demo puts the list to a control location on a Unix socket
+and the next request's balancing sees it. The workers and the client connections they hold
+stay as they are.
+
+Without the Lua module (or with ``GRACEFUL_ROLLOUT_NGINX_LUA=off``) the upstream list is
+rewritten and the master reloads (SIGHUP, what ``nginx -s reload`` sends). New workers
+serve new requests from then on; the old ones finish what they hold, close the client
+connections they keep alive, and exit: a request a client sends on one of those at that
+instant gets no answer, whatever the replicas do.
 ``gateway_retry`` adds the documented retry of a not-started 503:
 ``proxy_next_upstream error timeout http_503 non_idempotent``.
 """
@@ -19,6 +30,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import time
 
 from .processes import find_binary, listening_socket, stop_group
@@ -26,6 +38,7 @@ from .processes import find_binary, listening_socket, stop_group
 __all__ = ["NGINX_ENV", "Nginx", "find_nginx"]
 
 NGINX_ENV = "GRACEFUL_ROLLOUT_NGINX"
+LUA_ENV = "GRACEFUL_ROLLOUT_NGINX_LUA"
 RETRY_DEFAULT = "error timeout"
 RETRY_GATEWAY = "error timeout http_503 non_idempotent"
 WORKERS_STARTED = "start worker processes"
@@ -34,6 +47,91 @@ WORKERS_STARTED = "start worker processes"
 def find_nginx() -> str | None:
     """The nginx binary (``GRACEFUL_ROLLOUT_NGINX`` names another one, ``off`` hides it)."""
     return find_binary("nginx", NGINX_ENV)
+
+
+def lua_modules(binary: str) -> list[str]:
+    """The module files that give ``binary`` the Lua balancer, in load order; [] when absent.
+
+    ``GRACEFUL_ROLLOUT_NGINX_LUA=off`` returns [] (endpoint changes by reload instead).
+    """
+    if os.environ.get(LUA_ENV, "").lower() in ("off", "0", "no"):
+        return []
+    try:
+        build = subprocess.run([binary, "-V"], capture_output=True, text=True, timeout=10).stderr
+    except (OSError, subprocess.SubprocessError):
+        return []
+    directory = "/usr/lib/nginx/modules"
+    for word in build.split():
+        if word.startswith("--modules-path="):
+            directory = word.partition("=")[2]
+    # The Lua module needs the NDK loaded first (Debian builds it against it).
+    modules = [os.path.join(directory, name) for name in ("ndk_http_module.so", "ngx_http_lua_module.so")]
+    return modules if all(os.path.exists(m) for m in modules) else []
+
+
+# Round robin over the endpoint list the demo last put, read from the shared dict when its
+# version changes. One more try per balancing call, as ingress-nginx's balancer grants;
+# proxy_next_upstream_tries caps the total. ingress-nginx's default balancer (round_robin)
+# may hand a retry to the endpoint that just failed it (ingress-nginx issue #11852); its
+# ``ewma`` balancer skips the endpoints already tried for the request. ``balance(true)``
+# skips them too, until every endpoint has been tried.
+BALANCER_LUA = """\
+local ngx_balancer = require "ngx.balancer"
+local shared = ngx.shared.endpoints
+local M = {}
+local seen, peers, turn = -1, {}, 0
+
+local function refresh()
+  local version = shared:get("version") or 0
+  if version == seen then
+    return
+  end
+  local fresh = {}
+  for host, port in string.gmatch(shared:get("list") or "", "([%d%.]+):(%d+)") do
+    fresh[#fresh + 1] = { host, tonumber(port), host .. ":" .. port }
+  end
+  seen, peers = version, fresh
+end
+
+function M.balance(skip_tried)
+  refresh()
+  local count = #peers
+  if count == 0 then
+    ngx.log(ngx.WARN, "no endpoints")
+    return
+  end
+  local tried = ngx.ctx.tried
+  if not tried then
+    tried = {}
+    ngx.ctx.tried = tried
+  end
+  turn = turn % count + 1
+  local peer = peers[turn]
+  if skip_tried then
+    for _ = 2, count do
+      if not tried[peer[3]] then
+        break
+      end
+      turn = turn % count + 1
+      peer = peers[turn]
+    end
+  end
+  tried[peer[3]] = true
+  ngx_balancer.set_more_tries(1)
+  local ok, err = ngx_balancer.set_current_peer(peer[1], peer[2])
+  if not ok then
+    ngx.log(ngx.ERR, "set_current_peer: ", err)
+  end
+end
+
+function M.put()
+  ngx.req.read_body()
+  shared:set("list", ngx.req.get_body_data() or "")
+  ngx.say(shared:incr("version", 1, 0))
+end
+
+return M
+"""
 
 
 class Nginx:
@@ -51,14 +149,36 @@ class Nginx:
         self._process: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._retired: list[tuple[float, list[str]]] = []  # per reload: its wall-clock time, the old workers
+        self.modules = lua_modules(binary)
+        self.control_path = os.path.join(directory, "control.sock")
 
     def config(self) -> str:
         d = self.directory
         # nginx refuses an upstream without servers; a server marked down stands in for none.
         servers = [f"        server 127.0.0.1:{port} max_fails=0;" for port in self._servers.values()]
         upstream = "\n".join(servers) or "        server 127.0.0.1:9 down;"
+        modules = "".join(f"load_module {m};\n" for m in self.modules)
+        control = ""
+        if self.modules:
+            # Loaded by the master at start-up, so the workers need no file of their own.
+            skip = "true" if self.gateway_retry else "false"
+            upstream = (
+                "        server 0.0.0.1;  # a placeholder: the Lua balancer sets each try's peer\n"
+                f'        balancer_by_lua_block {{ require("rollout_balancer").balance({skip}) }}'
+            )
+            control = f"""
+    lua_shared_dict endpoints 1m;
+    init_by_lua_block {{
+        package.loaded.rollout_balancer = (function()
+{BALANCER_LUA}
+        end)()
+    }}
+    server {{
+        listen unix:{self.control_path};
+        location = /endpoints {{ content_by_lua_block {{ require("rollout_balancer").put() }} }}
+    }}"""
         retry = RETRY_GATEWAY if self.gateway_retry else RETRY_DEFAULT
-        return f"""daemon off;
+        return f"""{modules}daemon off;
 master_process on;
 worker_processes 1;
 pid {d}/nginx.pid;
@@ -70,7 +190,7 @@ http {{
     proxy_temp_path {d}/proxy;
     fastcgi_temp_path {d}/fastcgi;
     uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
+    scgi_temp_path {d}/scgi;{control}
     upstream pods {{
 {upstream}
         keepalive 32;
@@ -116,8 +236,12 @@ http {{
         finally:
             sock.close()  # nginx holds its own copy
         await self._workers_started(1)
-        self.name = f"nginx {_version(self.log_text())} (ingress-nginx upstream settings" + (
-            ", gateway retry)" if self.gateway_retry else ")"
+        if self.modules and self._servers:
+            await self._put_endpoints()
+        self.name = (
+            f"nginx {_version(self.log_text())} (ingress-nginx upstream settings"
+            + (", gateway retry" if self.gateway_retry else "")
+            + (", Lua balancer)" if self.modules else ", endpoints by reload)")
         )
 
     def _write(self) -> None:
@@ -164,15 +288,38 @@ http {{
                 raise RuntimeError(f"nginx: old workers {old} did not begin their shutdown within 10 s")
             await asyncio.sleep(0.01)
 
+    async def _put_endpoints(self) -> None:
+        """Put the endpoint list to the Lua balancer; returns once nginx has stored it."""
+        body = "".join(f"127.0.0.1:{port}\n" for port in self._servers.values()).encode()
+        head = f"PUT /endpoints HTTP/1.0\r\nHost: control\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+
+        async def exchange() -> bytes:
+            reader, writer = await asyncio.open_unix_connection(self.control_path)
+            try:
+                writer.write(head + body)
+                return await reader.read()  # HTTP/1.0: nginx closes after the answer
+            finally:
+                writer.close()
+
+        answer = await asyncio.wait_for(exchange(), timeout=10)
+        if not answer.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
+            raise RuntimeError(f"nginx did not take the endpoint list: {answer[:200]!r}")
+
+    async def _apply(self) -> None:
+        if self.modules:
+            await self._put_endpoints()
+        else:
+            await self._reload()
+
     async def add(self, endpoint: str, port: int) -> None:
         async with self._lock:
             self._servers[endpoint] = port
-            await self._reload()
+            await self._apply()
 
     async def remove(self, endpoint: str) -> None:
         async with self._lock:
             if self._servers.pop(endpoint, None) is not None:
-                await self._reload()
+                await self._apply()
 
     def endpoints(self) -> list[str]:
         return list(self._servers)

@@ -67,6 +67,11 @@ class ReplicaSettings:
             env["GRACEFUL_EXAMPLE_RESERVE"] = f"{self.reserve:g}"
         if self.handoff_streams:
             env["GRACEFUL_HANDOFF_STREAMS"] = "1"  # graceful run --handoff-streams, for the already wrapped app
+        if self.kind != "graceful":
+            # The example app carries the middleware, which under plain uvicorn would take SIGTERM
+            # over and drain (drain_on_sigterm, on by default). The baseline is a server without
+            # a drain: uvicorn's own SIGTERM handling.
+            env["GRACEFUL_DRAIN_ON_SIGTERM"] = "0"
         return env
 
     def command(self, port: int, socket_dir: str) -> list[str]:

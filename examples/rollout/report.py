@@ -191,7 +191,7 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
     if options.propagation_quiet is not None:
         row("  propagation ended after T0, max", lambda s: _max_seconds(s["propagation_ends"]))
     row("balancer: failed backend connects", lambda s: s["connect_errors"])
-    if options.balancer == "nginx":
+    if options.balancer == "nginx" and any(s["reloads"] for s in sides):  # the fallback without Lua
         row("nginx reloads (endpoint changes)", lambda s: s["reloads"])
         row("  requests lost at a reload (client side)", lambda s: s["reload_losses"])
     if options.scenario == "client-disconnect":
