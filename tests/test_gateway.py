@@ -4,9 +4,11 @@ nginx (configured as ingress-nginx configures its upstreams) and HAProxy in ``mo
 run on 127.0.0.1 exactly as ``python -m examples.rollout --balancer nginx|haproxy-http``
 runs them (examples/rollout/nginx.py, haproxy.py), in front of graceful replicas served
 by real uvicorn in this process. The clients are strict: plain httpx POSTs that never
-retry. Each client opens a new connection per request: an nginx reload closes the idle
+retry. Each client opens a new connection per request, so the tests hold with the demo's
+reload fallback too (GRACEFUL_ROLLOUT_NGINX_LUA=off): an nginx reload closes the idle
 keep-alive connections of its old workers, and a request sent on one at that instant is
-lost whatever the replicas do (ingress-nginx changes endpoints without a reload).
+lost whatever the replicas do. With nginx's Lua module the endpoints change without a
+reload, as in ingress-nginx.
 """
 
 from __future__ import annotations
