@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
 
 from ._paths import default_socket_dir
 
@@ -26,6 +25,21 @@ __all__ = ["NoServer", "WorkerDrain", "discover", "drain_all", "request_all"]
 # Grace on top of the server's own deadline: its final line follows the deadline by
 # the time it takes to expire what is left (unwind_timeout) plus the on_drained hook.
 _CLIENT_SLACK = 15.0
+
+
+# Left as they are in a query string (urllib.parse's always-safe set); every other byte is %XX.
+_QUERY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def _query(params: dict[str, str]) -> str:
+    """``urllib.parse.urlencode(params)``, without importing urllib.parse (and ipaddress) on the hook's path."""
+
+    def quote(text: str) -> str:
+        return "".join(
+            chr(byte) if byte in _QUERY_SAFE else "+" if byte == 0x20 else f"%{byte:02X}" for byte in text.encode()
+        )
+
+    return "&".join(f"{quote(key)}={quote(value)}" for key, value in params.items())
 
 
 class NoServer(Exception):
@@ -307,7 +321,7 @@ def drain_all(
     def one(path: str) -> None:
         worker = workers[path]
         try:
-            answer = _exchange(path, "POST", "/drain?" + urlencode(params), None, opened, _DRAIN_SILENCE)
+            answer = _exchange(path, "POST", "/drain?" + _query(params), None, opened, _DRAIN_SILENCE)
             if answer.status != 200:
                 body = answer.body().decode(errors="replace").strip()
                 worker.error = f"HTTP {answer.status}: {body}"

@@ -7,7 +7,6 @@ Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import sys
@@ -370,7 +369,11 @@ def console_main() -> NoReturn:
     answer is already printed by then, so skip it.
     """
     code = main()
-    logging.shutdown()
+    # Flush the log handlers of a command that logged (``run`` loads logging with uvicorn); ``drain``
+    # does not import logging at all, to keep the hook's start-up short.
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
