@@ -48,7 +48,6 @@ def commands() -> dict[str, list[str]]:
     }
 
 
-
 def count(command: list[str]) -> int:
     """Instructions of one whole process; a console script is run by its venv's interpreter, as its shebang does."""
     with tempfile.TemporaryDirectory() as tmp:
