@@ -8,6 +8,7 @@ import itertools
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from ._config import Config
 from ._frames import FinalFrame, default_final_frame
-from ._http import REFUSAL, Call, json_response, reject, resumable
+from ._http import _NO_HEADERS, REFUSAL, Call, json_response, reject, resumable
 from ._ledger import ERROR
 from ._options import DRAIN_OPTIONS
 from ._state import Drain
@@ -25,6 +26,9 @@ from ._types import ASGIApp, Receive, Scope, Send
 __all__ = ["GracefulMiddleware"]
 
 logger = logging.getLogger("graceful")
+
+_new_call = object.__new__  # a Call without its __init__: the middleware sets its fields itself
+_monotonic = time.monotonic
 
 
 class GracefulMiddleware:
@@ -134,9 +138,25 @@ class GracefulMiddleware:
                 or (drain.handing_off and resumable(scope))
             ):
                 return await self._refuse(scope, receive, send, REFUSAL[drain.state])
-            call = Call(self.settings, scope, receive, send, self.current_task())
-            if not drain.admit_item(call, self.reject_over):
+            # Call(self.settings, scope, receive, send, task), inlined: calling a class runs its
+            # __init__ through the type's slot, a frame and a lookup more per request than these
+            # stores. The same fields, in the same order (a test compares the two ways).
+            call = _new_call(Call)
+            call.ledger = drain
+            call.open = True
+            call.t0 = _monotonic()
+            call.config = self.settings
+            call.scope = scope
+            call._receive = receive
+            call._send = send
+            call.task = self.current_task()
+            call.cancel_scope = None
+            call.headers = _NO_HEADERS
+            # Drain.admit_item, inlined: this runs once per request.
+            work = drain._work
+            if len(work) >= self.reject_over:
                 return await self._refuse(scope, receive, send, "server_overloaded")
+            work[call] = None
             try:
                 if call.task is not None:
                     await self.app(scope, call.receive, call.send)
