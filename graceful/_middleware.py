@@ -89,7 +89,9 @@ class GracefulMiddleware:
         self.drain = drain
         self.live_check = live_check
         self.max_in_flight = max_in_flight if max_in_flight is not None else 1 << 62
-        self.reject_over = reject_over if reject_over is not None else 1 << 62
+        # None for no limit: the admission check is then one identity test (a comparison with a
+        # large "no limit" int is not one of the interpreter's fast paths).
+        self.reject_over = reject_over
         # How to find the task that runs a request, so the deadline can cancel it; chosen
         # on the first request, when we know which event loop runs us.
         self.current_task: Callable[[], asyncio.Task[Any] | None] = self._detect_loop
@@ -149,17 +151,22 @@ class GracefulMiddleware:
             call.scope = scope
             call._receive = receive
             call._send = send
-            call.task = self.current_task()
+            # self.current_task and self.app are attributes, not methods: loaded as plain attributes
+            # and then called, they skip the slower method-call path.
+            current_task = self.current_task
+            call.task = task = current_task()
             call.cancel_scope = None
             call.headers = _NO_HEADERS
             # Drain.admit_item, inlined: this runs once per request.
             work = drain._work
-            if len(work) >= self.reject_over:
+            limit = self.reject_over
+            if limit is not None and len(work) >= limit:
                 return await self._refuse(scope, receive, send, "server_overloaded")
             work[call] = None
             try:
-                if call.task is not None:
-                    await self.app(scope, call.receive, call.send)
+                if task is not None:
+                    app = self.app
+                    await app(scope, call.receive, call.send)
                 else:
                     await call.run_scoped()
             except BaseException as exc:
