@@ -4,7 +4,8 @@ Timings on a shared 2-core machine swing 2-3x; instruction counts do not (the sa
 binary, inputs and environment give the same count whatever else runs). Each variant
 runs in its own process under callgrind twice, with 0 and with N requests, and the
 difference divided by N is the cost of one request. A 100-frame stream minus a short
-response, divided by 100, is the cost of one frame.
+response, divided by 100, is the cost of one frame. The children run with
+``PYTHONHASHSEED=0``, so that a run repeats the last one's counts exactly.
 
     python -m benchmarks.instructions            # needs valgrind (Debian package)
 
@@ -66,6 +67,9 @@ def count(variant: str, frames: int, n: int) -> int:
             capture_output=True,
             text=True,
             check=True,
+            # A fixed hash seed makes the counts repeat exactly from run to run (with a random one
+            # they move by about 2%: the layout of the dicts built at start-up changes).
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )
     found = re.search(r"Collected : (\d+)", done.stderr)
     if found is None:  # pragma: no cover - valgrind's output format
