@@ -12,7 +12,9 @@ The CLI trials run the hook as a container image does: the console script ``bin/
 clean venv with this repository ``pip install``-ed into it (``benchmarks/_venv.py``; built once
 under ``.bench-venv/``), executed directly, so no version-manager shim and no ``.pth`` file of the
 development interpreter is timed. The same venv's ``python -c pass``, started and waited for in
-the same way, is the interpreter floor, interleaved with the CLI trials.
+the same way, is the interpreter floor, interleaved with the CLI trials. During a CLI trial the
+probes pause 1 ms between rounds (the resolution becomes one round trip plus 1 ms), so that on a
+small machine the probe loop does not take the cores the hook's start-up needs.
 
     python -m benchmarks.drain_reaction [--trials 200] [--cli-trials 15]
 """
@@ -29,6 +31,7 @@ from benchmarks._common import machine, median, percentile, table, verdict
 from benchmarks._live import Server, get, graceful_run, read_all
 from benchmarks._venv import CleanVenv, clean_venv
 
+CLI_PROBE_INTERVAL = 0.001
 _DRAIN_STARTED = re.compile(rb'"drain_started": ([0-9.]+)')
 
 
@@ -72,6 +75,10 @@ def trial(server: Server, *, cli: CleanVenv | None) -> tuple[float, float, float
             to_reject = time.perf_counter() - t0
         if time.perf_counter() > deadline:
             raise RuntimeError("the drain never took effect")
+        if cli is not None:
+            # Probing back to back would keep the server and this loop busy on two cores while
+            # the hook being timed starts up; a probe pair every millisecond leaves it a core.
+            time.sleep(CLI_PROBE_INTERVAL)
     to_state = float("nan")
     if admin is not None:
         reply = read_all(admin)  # nothing is in flight, so the drain's result line comes at once
