@@ -48,8 +48,10 @@ class Drain:
         self.admit_during_propagation = config.admit_during_propagation
         self.state = State.STARTING
         self.since = time.time()  # wall-clock time at which the current state was entered
-        # The ledger: everything admitted and not yet finished, in order of admission.
+        # The ledger: everything admitted and not yet finished, in order of admission. ``admitted``
+        # is the same dict, for the middleware, which inserts into it itself (admit_item, inlined).
         self._work: dict[Tracked, None] = {}
+        self.admitted = self._work
         # Connections (peer addresses) that were open when the drain began: see middleware.
         self.pinned: set[object] = set()
         self.tally = tally = Tally()

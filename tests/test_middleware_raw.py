@@ -771,35 +771,3 @@ async def test_refusal_past_the_cap_or_the_time_limit_keeps_the_connection(monke
         await mw(http_scope(headers=[(b"content-length", b"10")]), stalls, rec)
     assert rec.status == 503 and b"connection" not in rec.headers
     assert rec.headers[b"x-graceful-not-started"] == b"1" and rec.headers[b"retry-after"] == b"1"
-
-
-async def test_the_admitted_call_has_the_fields_call_init_gives_it() -> None:
-    # The middleware sets a Call's fields itself instead of calling Call(...) (a frame less per
-    # request); every slot must be set, to what Call.__init__ would set.
-    from graceful._http import Call
-    from graceful._ledger import Tracked
-
-    slots = [*Tracked.__slots__, *Call.__slots__]
-    seen: list[tuple[Any, dict[str, Any]]] = []
-    mw: GracefulMiddleware
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        (item,) = mw.drain.items()
-        seen.append((item, {name: getattr(item, name) for name in slots if hasattr(item, name)}))
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    mw = make(app)
-    rec = Recorder(mw.drain)
-    scope = http_scope()
-    await mw(scope, no_body, rec)
-    ((admitted, fields),) = seen
-    assert type(admitted) is Call
-    assert fields["task"] is asyncio.current_task()
-    reference = Call(mw.settings, scope, no_body, rec, fields["task"])
-    assert sorted(fields) == sorted(slots)
-    for name in slots:
-        if name == "t0":
-            assert reference.t0 - 60 < fields["t0"] <= reference.t0
-        else:
-            assert fields[name] is getattr(reference, name), name
