@@ -5,7 +5,7 @@ binary, inputs and environment give the same count whatever else runs). Each var
 runs in its own process under callgrind twice, with 0 and with N requests, and the
 difference divided by N is the cost of one request. A 100-frame stream minus a short
 response, divided by 100, is the cost of one frame. The children run with
-``PYTHONHASHSEED=0``, so that a run repeats the last one's counts exactly.
+``PYTHONHASHSEED=0``, so that a run repeats the last one's counts to within about 0.3%.
 
     python -m benchmarks.instructions            # needs valgrind (Debian package)
 
@@ -67,8 +67,8 @@ def count(variant: str, frames: int, n: int) -> int:
             capture_output=True,
             text=True,
             check=True,
-            # A fixed hash seed makes the counts repeat exactly from run to run (with a random one
-            # they move by about 2%: the layout of the dicts built at start-up changes).
+            # A fixed hash seed makes the counts repeat to within about 0.3% from run to run (with a
+            # random one they move by about 2%: the layout of the dicts built at start-up changes).
             env={**os.environ, "PYTHONHASHSEED": "0"},
         )
     found = re.search(r"Collected : (\d+)", done.stderr)
