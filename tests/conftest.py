@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -17,6 +18,19 @@ from graceful import GracefulMiddleware
 from tests.apps.streaming import app as streaming_app
 from tests.servers import Launched, Served
 from tests.utils import listening_socket
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give SIGINT back its default for the processes the tests start.
+
+    A run started in the background of a non-interactive shell (``cmd &``, nohup, some CI
+    runners) inherits SIGINT ignored, and an ignored signal stays ignored across exec: every
+    server and ``graceful`` command the tests start would then ignore the Ctrl-C that the
+    tests send them, and those tests would fail on the runner's setup, not on a broken promise.
+    A handler of this process's own is reset to the default at exec instead.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
