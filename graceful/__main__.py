@@ -1,3 +1,3 @@
-from ._cli import console_main
+from ._console import console_main
 
 console_main()

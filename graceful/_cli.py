@@ -7,21 +7,18 @@ Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
 from __future__ import annotations
 
 import json
-import math
-import os
-import sys
 import time
 from typing import Any, NoReturn
 
 import click
 from click.core import ParameterSource
 
-from ._admin_client import NoServer, WorkerDrain, discover, drain_all, request_all
-from ._budget import Budget, ConfigError, check_quiet, parse_duration
+from ._admin_client import NoServer, discover, request_all
+from ._budget import ConfigError, parse_duration
+from ._cli_drain import EXIT_NO_SERVER, EXIT_USAGE, UsageProblem, run_drain
 
 __all__ = ["cli", "drain_command", "main"]
 
-EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
 ENGINES = ("vllm", "sglang", "tgi", "triton")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 # Above the 60 s for which nginx, AWS ALB and most gateways keep an idle upstream
@@ -136,108 +133,20 @@ def drain_command(
                 json_output=json_output,
             )
         )
-    if propagation_quiet is not None:
-        # Checked here when both are given; against the server's own wait, the server answers.
-        try:
-            check_quiet(propagation_quiet, math.inf if propagation_wait is None else propagation_wait)
-        except ConfigError as exc:
-            _fail(ctx, str(exc))
-    if grace_period is not None:
-        # The preStop hook shares terminationGracePeriodSeconds with everything after it:
-        # the drain gets grace_period - reserve at most (the same rule as the server's).
-        try:
-            budget = Budget.resolve(grace_period=grace_period, drain_timeout=timeout)
-        except ConfigError as exc:
-            _fail(ctx, str(exc))
-        timeout = budget.limit
-    started = time.monotonic()
-
-    def progress(workers: list[WorkerDrain]) -> None:
-        if not quiet:
-            click.echo(_progress_line(workers, time.monotonic() - started), err=True)
-
     try:
-        paths = discover(socket_dir, socket)
-        workers = drain_all(
-            paths,
+        code = run_drain(
+            socket_dir=socket_dir,
+            socket=socket,
             propagation_wait=propagation_wait,
             propagation_quiet=propagation_quiet,
             timeout=timeout,
-            on_tick=progress,
+            grace_period=grace_period,
+            quiet=quiet,
+            json_output=json_output,
         )
-    except NoServer as exc:
-        click.echo(f"graceful: {exc}", err=True)
-        ctx.exit(EXIT_NO_SERVER)
-    ctx.exit(_conclude(workers, started, quiet=quiet, json_output=json_output))
-
-
-def _conclude(workers: list[WorkerDrain], started: float, *, quiet: bool, json_output: bool) -> int:
-    live = [w for w in workers if w.reachable]
-    ok = all(w.result is not None and w.result.get("result") == "drained" for w in live)
-    if json_output:
-        outcome = {"result": "drained" if ok else "timeout", "workers": [w.as_dict() for w in live]}
-        click.echo(json.dumps(outcome))
-    for worker in workers:
-        if not worker.reachable:
-            click.echo(f"graceful: skipped {worker.path}: nothing listening (stale socket)", err=True)
-    if not quiet or not ok:
-        for line in _report(live, time.monotonic() - started):
-            click.echo(line, err=True)
-    return EXIT_OK if ok else EXIT_LEFTOVER
-
-
-def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
-    live = [w for w in workers if w.reachable]
-    running = [w for w in live if w.result is None]
-    in_flight = sum(w.in_flight for w in running)
-    deadlines = [w.deadline for w in running if w.deadline]
-    line = f"draining {len(live)} worker{'s' if len(live) != 1 else ''}: {in_flight} in flight, {elapsed:.1f} s elapsed"
-    handed = sum(w.handed_off for w in live)
-    if handed:
-        line += f", {handed} stream{'s' if handed != 1 else ''} handed off"
-    if deadlines:
-        line += f", deadline in {max(0.0, max(deadlines) - time.time()):.0f} s"
-    # During the propagation phase: how long since traffic last arrived (the quiet rule's clock).
-    propagating = [w for w in running if w.progressed and not w.propagation_over]
-    quiet = [w.since_last_request for w in propagating if w.since_last_request is not None]
-    if quiet:
-        line += f", last new request {min(quiet):.1f} s ago"
-    elif propagating:
-        line += ", no new request since the drain began"
-    elif any(w.progressed for w in running):
-        line += ", propagation over"
-    return line
-
-
-def _propagation_note(result: dict[str, Any]) -> str:
-    propagation, last = result.get("propagation"), result.get("last_request")
-    if not isinstance(propagation, (int, float)):
-        return ""
-    arrived = f"last new request at {last:.1f} s" if isinstance(last, (int, float)) else "no new request"
-    return f" (propagation phase {propagation:.1f} s, {arrived})"
-
-
-def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
-    lines = []
-    for worker in workers:
-        name = f"worker {worker.pid}" if worker.pid else worker.path
-        result = worker.result
-        if result is None:
-            lines.append(f"{name}: {worker.error}")
-        elif result.get("result") == "drained":
-            handed = result.get("handed_off") or 0
-            note = f"; {handed} stream{'s' if handed != 1 else ''} handed off" if handed else ""
-            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s{_propagation_note(result)}{note}")
-        else:
-            ended = result.get("truncated", 0)
-            lines.append(
-                f"{name}: {result.get('result')} with {result.get('in_flight', 0)} in flight; "
-                f"{ended} ended at the deadline (streams got a final retryable error event)"
-            )
-            lines.extend(f"  left: {item}" for item in result.get("leftover") or [])
-    drained = sum(1 for w in workers if w.result is not None and w.result.get("result") == "drained")
-    lines.append(f"drained {drained} of {len(workers)} worker{'s' if len(workers) != 1 else ''} in {elapsed:.1f} s")
-    return lines
+    except UsageProblem as exc:
+        _fail(ctx, str(exc))
+    ctx.exit(code)
 
 
 @cli.command("status")
@@ -359,21 +268,3 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     return result if isinstance(result, int) else 0
-
-
-def console_main() -> NoReturn:
-    """The ``graceful`` console script: exit as soon as the work is done.
-
-    A preStop hook's time counts against the grace period, and interpreter teardown
-    (collecting every imported module) measured hundreds of ms on a busy node; the
-    answer is already printed by then, so skip it.
-    """
-    code = main()
-    # Flush the log handlers of a command that logged (``run`` loads logging with uvicorn); ``drain``
-    # does not import logging at all, to keep the hook's start-up short.
-    logging = sys.modules.get("logging")
-    if logging is not None:
-        logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

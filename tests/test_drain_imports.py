@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,7 +11,16 @@ import pytest
 
 # What the hook may load from this package, and what it must never load (checked in a fresh interpreter, counting
 # what the hook adds to what the interpreter loaded at start-up: a development interpreter's .pth files may load more).
-ALLOWED = {"graceful", "graceful._admin_client", "graceful._budget", "graceful._cli", "graceful._paths"}
+# The common forms of `graceful drain` run without click; --help, engine mode and the other commands go through it.
+HOOK = {
+    "graceful",
+    "graceful._console",
+    "graceful._cli_drain",
+    "graceful._admin_client",
+    "graceful._budget",
+    "graceful._paths",
+}
+WITH_CLICK = HOOK | {"graceful._cli"}
 FORBIDDEN = (
     "asyncio",
     "anyio",
@@ -24,36 +34,51 @@ FORBIDDEN = (
     "graceful._soak",
 )
 
+# What the console script does (graceful._console.console_main), without its os._exit.
 PROBE = """
 import json, sys
 before = set(sys.modules)
-from graceful._cli import main
-code = main(sys.argv[1:])
+from graceful._console import _drain_without_click
+code = _drain_without_click(sys.argv[1:])
+if code is None:
+    from graceful._cli import main
+    code = main(sys.argv[1:])
 print(json.dumps({"code": code, "modules": sorted(set(sys.modules) - before)}))
 """
 
 
+def probe(args: list[str], **environment: str) -> tuple[dict[str, object], str]:
+    env = {**os.environ, **environment}
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
 @pytest.mark.parametrize(
-    "args",
+    ("args", "allowed", "code"),
     [
-        ["drain", "--socket", "/nonexistent/graceful.sock"],
-        ["status", "--socket", "/nonexistent/graceful.sock"],
-        ["drain", "--help"],
+        (["drain", "--socket", "/nonexistent/graceful.sock"], HOOK, 3),
+        (["drain", "--socket-dir=/nonexistent", "--propagation-wait", "5s", "-q", "--json"], HOOK, 3),
+        (["status", "--socket", "/nonexistent/graceful.sock"], WITH_CLICK, 3),
+        (["drain", "--help"], WITH_CLICK, 0),
+        (["drain", "--timeout=later"], WITH_CLICK, 2),
     ],
+    ids=["drain", "drain-options", "status", "drain-help", "drain-bad-value"],
 )
-def test_the_hook_loads_only_its_own_modules(args: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60)
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["code"] in (0, 3), done.stderr
-    ours = {name for name in seen["modules"] if name == "graceful" or name.startswith("graceful.")}
-    assert ours == ALLOWED, ours ^ ALLOWED
-    loaded = [name for name in seen["modules"] if name.split(".")[0] in FORBIDDEN or name in FORBIDDEN]
+def test_the_hook_loads_only_its_own_modules(args: list[str], allowed: set[str], code: int) -> None:
+    seen, stderr = probe(args)
+    assert seen["code"] == code, stderr
+    modules = seen["modules"]
+    assert isinstance(modules, list)
+    ours = {name for name in modules if name == "graceful" or name.startswith("graceful.")}
+    assert ours == allowed, ours ^ allowed
+    forbidden = FORBIDDEN if "graceful._cli" in allowed else (*FORBIDDEN, "click")
+    loaded = [name for name in modules if name.split(".")[0] in forbidden or name in forbidden]
     assert loaded == [], loaded
 
 
 def test_engine_mode_loads_the_engine_code_only_when_asked() -> None:
     args = ["drain", "--engine", "vllm", "--metrics-url", "ftp://bad", "--timeout", "1"]
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60)
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["code"] == 2 and "not an http(s) URL" in done.stderr
-    assert "graceful._engine" in seen["modules"] and "graceful._state" not in seen["modules"]
+    seen, stderr = probe(args)
+    assert seen["code"] == 2 and "not an http(s) URL" in stderr
+    modules = seen["modules"]
+    assert isinstance(modules, list) and "graceful._engine" in modules and "graceful._state" not in modules

@@ -23,7 +23,7 @@ import graceful._run
 import graceful._state
 from graceful import ConfigError, Drain, GracefulMiddleware, State
 from graceful._admin_client import WorkerDrain
-from graceful._cli import _progress_line
+from graceful._cli_drain import _progress_line
 from graceful._types import Message, Receive, Scope, Send
 
 pytestmark = pytest.mark.anyio
