@@ -6,7 +6,6 @@ Kept tiny on purpose: ``graceful drain`` imports it on the preStop path.
 from __future__ import annotations
 
 import os
-import tempfile
 
 from ._budget import ConfigError
 
@@ -18,7 +17,11 @@ MAX_PATH = 107  # sun_path is 108 bytes on Linux, including the terminating NUL
 def default_socket_dir() -> str:
     """``$GRACEFUL_SOCKET_DIR``, else ``<tempdir>/graceful-<uid>`` (``/tmp/graceful-0`` for root)."""
     configured = os.environ.get("GRACEFUL_SOCKET_DIR", "").strip()
-    return configured or os.path.join(tempfile.gettempdir(), f"graceful-{os.getuid()}")
+    if configured:
+        return configured
+    import tempfile  # only here: it costs the preStop hook a few ms when the directory is given
+
+    return os.path.join(tempfile.gettempdir(), f"graceful-{os.getuid()}")
 
 
 def socket_path(socket_dir: str, pid: int) -> str:
