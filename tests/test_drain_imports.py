@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 
 import pytest
+
+from tests.utils import ROOT
 
 # What the hook may load from this package, and what it must never load (checked in a fresh interpreter, counting
 # what the hook adds to what the interpreter loaded at start-up: a development interpreter's .pth files may load more).
@@ -48,8 +51,13 @@ print(json.dumps({"code": code, "modules": sorted(set(sys.modules) - before)}))
 
 
 def probe(args: list[str], **environment: str) -> tuple[dict[str, object], str]:
-    env = {**os.environ, **environment}
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60, env=env)
+    # -S: no site module, so no .pth file of this interpreter loads anything before the probe
+    # looks (a development interpreter's may import typing, tempfile and more); the checkout and
+    # the site-packages directories come in as plain paths.
+    path = os.pathsep.join([ROOT, *site.getsitepackages()])
+    env = {**os.environ, "PYTHONPATH": path, **environment}
+    command = [sys.executable, "-S", "-c", PROBE, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
@@ -71,7 +79,7 @@ def test_the_hook_loads_only_its_own_modules(args: list[str], allowed: set[str],
     assert isinstance(modules, list)
     ours = {name for name in modules if name == "graceful" or name.startswith("graceful.")}
     assert ours == allowed, ours ^ allowed
-    forbidden = FORBIDDEN if "graceful._cli" in allowed else (*FORBIDDEN, "click")
+    forbidden = FORBIDDEN if "graceful._cli" in allowed else (*FORBIDDEN, "click", "typing", "tempfile")
     loaded = [name for name in modules if name.split(".")[0] in forbidden or name in forbidden]
     assert loaded == [], loaded
 
