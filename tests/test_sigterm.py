@@ -53,7 +53,7 @@ def wait_ready(server: Server, timeout: float = 15.0) -> None:
     raise TimeoutError(f"server on {server.base} never became ready")
 
 
-PROPAGATION_WAIT = 1.5
+PROPAGATION_WAIT = 3.0  # long enough that a loaded machine still sends step 4 inside it
 SERVERS = ["uvicorn-h11", "uvicorn-httptools", "gunicorn", "hypercorn-asyncio", "hypercorn-trio", "granian"]
 UVICORN_PORT = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 
@@ -241,10 +241,10 @@ def sigterm_during_streams(name: str, socket_dir: str, *, group: bool = False) -
     1. two SSE streams are in flight (first frame received)
     2. SIGTERM goes to the server's main process (gunicorn's master), or with `group` to every
        process of the server at once (systemd's default KillMode=control-group)
-    3. /ready returns 503 within 100 ms
+    3. /ready returns 503 (the drain began at SIGTERM: the next step is still inside its propagation wait)
     4. during the propagation wait, a request on a new connection is served (admit mode)
     5. every stream ends whole with [DONE]
-    6. the process exits within 1 s of the last frame
+    6. the process exits soon after the last frame (within 2 s: no server timeout held it)
     """
     env = {"COMPAT_ADMIT": "default", "COMPAT_PROPAGATION_WAIT": str(PROPAGATION_WAIT)}
     with start_server(name, socket_dir, **env) as (server, log):
@@ -258,7 +258,8 @@ def sigterm_during_streams(name: str, socket_dir: str, *, group: bool = False) -
             os.killpg(server.process.pid, signal.SIGTERM)
         else:
             server.process.send_signal(signal.SIGTERM)
-        assert first_503(probe, sent) <= 0.1, log.text()
+        # A few ms when the machine is quiet; 1 s is a safety bound, the order is what step 4 checks.
+        assert first_503(probe, sent) <= 1.0, log.text()
         with httpx.Client(timeout=5) as fresh:
             answer = fresh.post(server.base + "/short")
         answered = time.monotonic()
@@ -271,7 +272,8 @@ def sigterm_during_streams(name: str, socket_dir: str, *, group: bool = False) -
         last_frame = max(stream.ended_at or 0.0 for stream, _ in streams)
         server.process.wait(10)
         exited = time.monotonic()
-        assert exited - last_frame <= 1.0, (exited - last_frame, log.text())
+        # Tens of ms when quiet: the exit follows the drain, not a server timeout (hypercorn waits 3 s, others more).
+        assert exited - last_frame <= 2.0, (exited - last_frame, log.text())
 
 
 @pytest.mark.parametrize("name", SERVERS)
