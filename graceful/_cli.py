@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from ._admin_client import NoServer, discover, request_all
 from ._budget import ConfigError, parse_duration
-from ._cli_drain import EXIT_NO_SERVER, EXIT_USAGE, UsageProblem, run_drain
+from ._cli_drain import BOTH_SOCKETS, EXIT_NO_SERVER, EXIT_USAGE, UsageProblem, run_drain
 
 __all__ = ["cli", "drain_command", "main"]
 
@@ -111,7 +111,7 @@ def drain_command(
 ) -> None:
     """Drain every worker and wait until nothing is in flight (for a preStop hook)."""
     if socket_dir and socket:
-        _fail(ctx, "use --socket-dir or --socket, not both")
+        _fail(ctx, BOTH_SOCKETS)
     if engine is not None or metrics_url is not None or metrics:
         if propagation_quiet is not None:
             _fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
@@ -179,7 +179,7 @@ def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
 
 def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:
     if socket_dir and socket:
-        _fail(ctx, "use --socket-dir or --socket, not both")
+        _fail(ctx, BOTH_SOCKETS)
     try:
         paths = discover(socket_dir, socket)
         answers = request_all(paths, method, url)

@@ -25,9 +25,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["EXIT_LEFTOVER", "EXIT_NO_SERVER", "EXIT_OK", "EXIT_USAGE", "UsageProblem", "read_args", "run_drain"]
+__all__ = [
+    "BOTH_SOCKETS",
+    "EXIT_LEFTOVER",
+    "EXIT_NO_SERVER",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageProblem",
+    "read_args",
+    "run_drain",
+]
 
 EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
+BOTH_SOCKETS = "use --socket-dir or --socket, not both"
 
 # The options read here, as the click command declares them: name -> takes a duration value
 # (True), a path value (False) or no value (None, a flag). tests/test_cli_drain.py checks this
@@ -113,7 +123,7 @@ def run_drain(
     Raises :class:`UsageProblem` before it contacts any server when the options make no drain.
     """
     if socket_dir and socket:
-        raise UsageProblem("use --socket-dir or --socket, not both")
+        raise UsageProblem(BOTH_SOCKETS)
     if propagation_quiet is not None:
         # Checked here when both are given; against the server's own wait, the server answers.
         try:

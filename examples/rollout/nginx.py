@@ -54,7 +54,7 @@ def lua_modules(binary: str) -> list[str]:
 
     ``GRACEFUL_ROLLOUT_NGINX_LUA=off`` returns [] (endpoint changes by reload instead).
     """
-    if os.environ.get(LUA_ENV, "").lower() in ("off", "0", "no"):
+    if os.environ.get(LUA_ENV, "").strip().lower() in ("off", "0", "no", "false"):
         return []
     try:
         build = subprocess.run([binary, "-V"], capture_output=True, text=True, timeout=10).stderr
