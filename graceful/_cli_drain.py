@@ -138,6 +138,19 @@ def run_drain(
         except ConfigError as exc:
             raise UsageProblem(str(exc)) from None
         timeout = budget.limit
+    if propagation_wait is not None and timeout is not None and propagation_wait > timeout:
+        # The deadline would come before the balancers have stopped sending: no drain can succeed.
+        if grace_period is not None:
+            bound, fix = (
+                f"--grace-period {grace_period:g}s leaves the drain {timeout:g}s after the reserve",
+                "--grace-period",
+            )
+        else:
+            bound, fix = f"--timeout is {timeout:g}s", "--timeout"
+        raise UsageProblem(
+            f"--propagation-wait {propagation_wait:g}s is longer than the whole drain: {bound}; "
+            f"shorten --propagation-wait or raise {fix}"
+        )
     started = time.monotonic()
 
     def progress(workers: list[WorkerDrain]) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._frames import FinalFrame
+from ._lifecycle import Lifecycle
 from ._state import Drain
 from ._types import ASGIApp
 
@@ -32,3 +33,4 @@ class Config:
     socket_dir: str | None
     socket_mode: int
     mirror: MultiprocessMirror | None
+    lifecycle: Lifecycle  # whether a lifespan runs, and the rule for requests without one

@@ -17,6 +17,7 @@ from ._config import Config
 from ._frames import FinalFrame, default_final_frame
 from ._http import REFUSAL, Call, json_response, reject, resumable
 from ._ledger import ERROR
+from ._lifecycle import Lifecycle
 from ._options import DRAIN_OPTIONS
 from ._state import Drain
 from ._status import SERVING, State
@@ -112,7 +113,9 @@ class GracefulMiddleware:
             socket_mode=socket_mode,
             # prometheus-client's multi-process mode needs the counters copied to its files.
             mirror=MultiprocessMirror(drain) if multiprocess_dir() else None,
+            lifecycle=Lifecycle(drain, ready_on_startup=ready_on_startup, admin=admin),
         )
+        self.lifecycle = self.settings.lifecycle
         # One dict lookup per request decides whether a path is special; None means "pass to the app".
         self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = {path: None for path in exempt_paths}
         if metrics_path:
@@ -132,12 +135,7 @@ class GracefulMiddleware:
                 await handler(scope, receive, send)
                 return
             drain = self.drain
-            if drain.state is not SERVING and (
-                not drain.admits(scope.get("client"))
-                # Once streams are handed off, a resumable one would be handed off as soon as it
-                # started (it comes on a kept-alive connection): its client goes elsewhere at once.
-                or (drain.handing_off and resumable(scope))
-            ):
+            if drain.state is not SERVING and self._turned_away(scope):
                 return await self._refuse(scope, receive, send, REFUSAL[drain.state])
             # Call(self.settings, scope, receive, send, task), made in two steps: calling the class
             # runs __init__ through the type's slot, in a nested run of the interpreter, while
@@ -188,6 +186,18 @@ class GracefulMiddleware:
             self.current_task = _task_getter(loop)
         return self.current_task()
 
+    def _turned_away(self, scope: Scope) -> bool:
+        """Admission's slow path, for a request that arrives while not SERVING: is it refused?"""
+        self.lifecycle.arrived()  # with no lifespan running, this serves it, as the unwrapped app would
+        drain = self.drain
+        if drain.state is SERVING:
+            return False
+        return not drain.admits(scope.get("client")) or (
+            # Once streams are handed off, a resumable one would be handed off as soon as it
+            # started (it comes on a kept-alive connection): its client goes elsewhere at once.
+            drain.handing_off and resumable(scope)
+        )
+
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
         self.drain.count_rejected(reason)
         await reject(self.settings, scope, receive, send, reason)
@@ -196,6 +206,8 @@ class GracefulMiddleware:
 
     async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
         drain = self.drain
+        if drain.state is not SERVING:
+            self.lifecycle.arrived()
         ok = drain.state is SERVING and drain.in_flight < self.max_in_flight
         await json_response(send, 200 if ok else 503, _probe_body(drain, ok))
 
@@ -210,6 +222,8 @@ class GracefulMiddleware:
         await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
 
     async def _startup(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.drain.state is not SERVING:
+            self.lifecycle.arrived()
         ok = self.drain.state is not State.STARTING
         await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
 

@@ -63,6 +63,13 @@ class SignalDrain:
             task_status.started()
             return
         self._call_soon = _signal_safe_call_soon()
+        stopped_by_parent = _stopped_by_parent()
+        if stopped_by_parent:
+            logger.warning(
+                "SIGTERM cannot drain this worker: %s stops it through its parent process, which takes the "
+                "signal; run %s, or drain from the preStop hook (graceful drain)",
+                *stopped_by_parent,
+            )
         try:
             for sig in HANDLED_SIGNALS:
                 self._take(sig)
@@ -191,6 +198,24 @@ class SignalDrain:
                 if item.open:
                     drain.count_truncated("forced_exit")
                     tg.start_soon(item.cut)
+
+
+def _stopped_by_parent() -> tuple[str, str] | None:
+    """(server, fix) when this process is a worker whose parent takes SIGTERM and stops it otherwise.
+
+    hypercorn with ``--workers N`` (N >= 1, its default is 1) spawns its workers with
+    multiprocessing, SIGINT ignored and SIGTERM left at the default; its parent takes
+    SIGTERM and sets a shared event that the workers' servers wait on, so no signal ever
+    reaches a worker (``hypercorn/run.py``). With ``--workers 0`` it serves in one process.
+    """
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None or multiprocessing.parent_process() is None:
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return None
+    if "hypercorn" in sys.modules:
+        return "hypercorn --workers N", "hypercorn with --workers 0"
+    return "the server", "the server in one process"
 
 
 def _asyncio_signal_handlers() -> dict[int, Any] | None:

@@ -66,6 +66,9 @@ class Drain:
         # Who handles SIGTERM for this process when it is not the middleware (``graceful run``
         # sets it); while None, the middleware drains on SIGTERM (``drain_on_sigterm``).
         self.signals_owner: str | None = None
+        # Whether STOPPED was entered from DRAINING: work refused in a drain stays refused until
+        # a new lifecycle begins with a lifespan startup (see restart).
+        self._stopped_draining = False
 
     # -- reading ---------------------------------------------------------------------
 
@@ -119,10 +122,15 @@ class Drain:
 
     # -- transitions -------------------------------------------------------------------
 
-    def mark_serving(self) -> None:
+    @property
+    def stopped_draining(self) -> bool:
+        """True while STOPPED after a drain (the lifecycle ended in one), False otherwise."""
+        return self.state is STOPPED and self._stopped_draining
+
+    def mark_serving(self, reason: str = "ready") -> None:
         """STARTING -> SERVING: call once weights are loaded (with ``ready_on_startup=False``)."""
         if self.state is State.STARTING:
-            self._transition(SERVING, "ready")
+            self._transition(SERVING, reason)
         elif self.state is not SERVING:
             logger.info("mark_serving() ignored: state is %s", self.state.value)
 
@@ -171,11 +179,27 @@ class Drain:
         return True
 
     def mark_stopped(self, reason: str = "shutdown") -> None:
-        """Enter the final STOPPED state (lifespan shutdown)."""
+        """Enter STOPPED (lifespan shutdown): the end of this lifecycle."""
         if self.state is not STOPPED:
+            self._stopped_draining = self.state is DRAINING
             if self._run is not None:
                 self._run.end("stopped")
             self._transition(STOPPED, reason)
+
+    def restart(self, reason: str = "lifespan startup") -> bool:
+        """STOPPED -> STARTING: a new lifecycle in the same process; returns False in any other state.
+
+        The same app object can be started again (a test client used as a context manager
+        twice, a server run twice in one process). Counters and the last drain's result
+        carry over; the drain's per-cycle marks (pinned connections, handoff) do not.
+        """
+        if self.state is not STOPPED:
+            return False
+        self.pinned.clear()
+        self.handing_off = False
+        self._stopped_draining = False
+        self._transition(State.STARTING, reason)
+        return True
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every state change (used by metrics and the admin listener)."""

@@ -17,6 +17,8 @@ SERVICE_RESTART = 1012  # RFC 6455 registry: "Service Restart"
 
 async def websocket_call(config: Config, scope: Scope, receive: Receive, send: Send) -> None:
     drain = config.drain
+    if drain.state is not State.SERVING:
+        config.lifecycle.arrived()  # with no lifespan running, the socket is served as unwrapped
     if drain.state is not State.SERVING and not drain.admits(scope.get("client")):
         reason = REFUSAL[drain.state]
         drain.count_rejected(reason)

@@ -209,10 +209,12 @@ async def test_draining_refuses_new_work_before_the_app_sees_it() -> None:
 
 @pytest.mark.parametrize(("state", "kind"), [(State.STARTING, "server_starting"), (State.STOPPED, "server_stopped")])
 async def test_refusal_names_the_state(state: State, kind: str) -> None:
-    mw = make(streaming_app(1))
-    if state is State.STARTING:
-        mw.drain.state = State.STARTING
-    else:
+    # STARTING refuses while the app is not ready yet (ready_on_startup=False), STOPPED after a drain:
+    # without a lifespan, either would otherwise serve (tests/test_dropin.py).
+    mw = GracefulMiddleware(streaming_app(1), registry=CollectorRegistry(), admin=False, ready_on_startup=False)
+    if state is State.STOPPED:
+        mw.drain.mark_serving()
+        mw.drain.begin_drain("test")
         mw.drain.mark_stopped()
     rec = Recorder(mw.drain)
     await mw(http_scope(), no_body, rec)
@@ -335,8 +337,9 @@ async def test_probes_are_answered_without_the_app_and_never_counted() -> None:
         raise AssertionError("probes must not reach the app")  # pragma: no cover
 
     healthy = True
-    mw = make(app, live_check=lambda: healthy)
-    mw.drain.state = State.STARTING
+    mw = GracefulMiddleware(
+        app, registry=CollectorRegistry(), admin=False, live_check=lambda: healthy, ready_on_startup=False
+    )
 
     async def probe(path: str) -> int:
         rec = Recorder(mw.drain)

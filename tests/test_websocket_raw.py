@@ -39,13 +39,14 @@ async def never_called(scope: Scope, receive: Receive, send: Send) -> None:
     [(State.DRAINING, "server_draining"), (State.STARTING, "server_starting"), (State.STOPPED, "server_stopped")],
 )
 async def test_refusal_without_the_denial_extension_closes_with_1013(state: State, reason: str) -> None:
-    mw = make(never_called)
-    if state is State.DRAINING:
+    # STARTING refuses while the app is not ready yet (ready_on_startup=False), STOPPED after a drain:
+    # without a lifespan, either would otherwise serve (tests/test_dropin.py).
+    mw = GracefulMiddleware(never_called, registry=CollectorRegistry(), admin=False, ready_on_startup=False)
+    if state is not State.STARTING:
+        mw.drain.mark_serving()
         mw.drain.begin_drain("test")
-    elif state is State.STOPPED:
+    if state is State.STOPPED:
         mw.drain.mark_stopped()
-    else:
-        mw.drain.state = State.STARTING
     sent: list[Message] = []
 
     async def send(message: Message) -> None:
