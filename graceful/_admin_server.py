@@ -164,6 +164,8 @@ class AdminServer:
                         continue
                     tg.start_soon(self._connection, stream, tg)
         finally:
+            # A later lifecycle of the same Drain starts a listener of its own.
+            self.drain.remove_listener(self._on_state_change)
             self._unlink()
 
     def _on_state_change(self) -> None:

@@ -205,6 +205,11 @@ class Drain:
         """Call ``callback()`` after every state change (used by metrics and the admin listener)."""
         self._listeners.append(callback)
 
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        """Stop calling ``callback`` (a listener whose owner has ended, such as an admin listener)."""
+        if callback in self._listeners:
+            self._listeners.remove(callback)
+
     def notify(self) -> None:
         """Call the listeners (after a state change, and when a drain run has its result)."""
         for callback in self._listeners:

@@ -9,6 +9,7 @@ final for its lifecycle; the app's own lifespan messages and exceptions reach th
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -120,7 +121,9 @@ def test_a_second_lifespan_cycle_serves(socket_dir: str, monkeypatch: pytest.Mon
         with TestClient(mw) as client:
             assert mw.drain.state is State.SERVING
             assert client.get("/hello").text == "hello"
+            assert os.listdir(socket_dir) == [f"{os.getpid()}.sock"]  # each cycle has its admin socket
         assert mw.drain.state is State.STOPPED
+        assert os.listdir(socket_dir) == []
     assert events == ["startup", "shutdown", "startup", "shutdown"]
 
 
