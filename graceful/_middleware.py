@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from ._config import Config
+from ._environ import from_environ
 from ._frames import FinalFrame, default_final_frame
 from ._http import REFUSAL, Call, json_response, reject, resumable
 from ._ledger import ERROR
@@ -26,6 +27,26 @@ from ._types import ASGIApp, Receive, Scope, Send
 __all__ = ["GracefulMiddleware"]
 
 logger = logging.getLogger("graceful")
+
+# Marks a middleware option the caller did not pass: it then comes from the environment, else DEFAULTS.
+UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<from the environment, else the default>"})()
+DEFAULTS: dict[str, Any] = {
+    "ready_path": "/ready",
+    "live_path": "/live",
+    "startup_path": "/startup",
+    "exempt_paths": (),
+    "metrics_path": None,
+    "retry_after": 1,
+    "max_in_flight": None,
+    "reject_over": None,
+    "live_check": None,
+    "ready_on_startup": True,
+    "request_id_header": None,
+    "admin": True,
+    "socket_dir": None,
+    "socket_mode": 0o600,
+    "final_frame": default_final_frame,
+}
 
 _new_call = object.__new__
 _init_call = Call.__init__
@@ -49,22 +70,22 @@ class GracefulMiddleware:
         app: ASGIApp,
         drain: Drain | None = None,
         *,
-        ready_path: str = "/ready",
-        live_path: str = "/live",
-        startup_path: str = "/startup",
-        exempt_paths: Iterable[str] = (),
-        metrics_path: str | None = None,
+        ready_path: str = UNSET,
+        live_path: str = UNSET,
+        startup_path: str = UNSET,
+        exempt_paths: Iterable[str] = UNSET,
+        metrics_path: str | None = UNSET,
         registry: CollectorRegistry | None = None,
-        retry_after: int = 1,
-        max_in_flight: int | None = None,
-        reject_over: int | None = None,
-        live_check: Callable[[], bool] | None = None,
-        ready_on_startup: bool = True,
-        request_id_header: str | None = None,
-        admin: bool = True,
-        socket_dir: str | None = None,
-        socket_mode: int = 0o600,
-        final_frame: FinalFrame = default_final_frame,
+        retry_after: int = UNSET,
+        max_in_flight: int | None = UNSET,
+        reject_over: int | None = UNSET,
+        live_check: Callable[[], bool] | None = UNSET,
+        ready_on_startup: bool = UNSET,
+        request_id_header: str | None = UNSET,
+        admin: bool = UNSET,
+        socket_dir: str | None = UNSET,
+        socket_mode: int = UNSET,
+        final_frame: FinalFrame = UNSET,
         **drain_options: Any,
     ) -> None:
         unknown = set(drain_options) - DRAIN_OPTIONS
@@ -73,6 +94,29 @@ class GracefulMiddleware:
                 f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; "
                 "see the option tables in docs/middleware.md"
             )
+        # An option not passed comes from its GRACEFUL_* variable, else its default (DEFAULTS), so a
+        # server that loads the middleware by name (vllm serve --middleware) is configured by its environment.
+        given = locals()
+        env = from_environ(name for name in DEFAULTS if given[name] is UNSET)
+
+        def option(name: str, value: Any) -> Any:
+            return value if value is not UNSET else env.get(name, DEFAULTS[name])
+
+        ready_path = option("ready_path", ready_path)
+        live_path = option("live_path", live_path)
+        startup_path = option("startup_path", startup_path)
+        exempt_paths = option("exempt_paths", exempt_paths)
+        metrics_path = option("metrics_path", metrics_path)
+        retry_after = option("retry_after", retry_after)
+        max_in_flight = option("max_in_flight", max_in_flight)
+        reject_over = option("reject_over", reject_over)
+        live_check = option("live_check", live_check)
+        ready_on_startup = option("ready_on_startup", ready_on_startup)
+        request_id_header = option("request_id_header", request_id_header)
+        admin = option("admin", admin)
+        socket_dir = option("socket_dir", socket_dir)
+        socket_mode = option("socket_mode", socket_mode)
+        final_frame = option("final_frame", final_frame)
         if drain is None:
             drain = Drain(**drain_options)
         elif drain_options:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +99,11 @@ class DrainConfig:
         unknown = set(options) - DRAIN_OPTIONS
         if unknown:
             raise TypeError(f"unknown drain option(s) {sorted(unknown)}; the options are {sorted(DRAIN_OPTIONS)}")
+        # Options not given come from their GRACEFUL_* variables (docs/middleware.md, "From the
+        # environment"). Budget.resolve reads the two it cross-checks itself, to name them in its errors.
+        from ._environ import from_environ
+
+        options = {**from_environ(DRAIN_OPTIONS - set(options) - _BUDGET_READS), **options}
         budget = Budget.resolve(
             grace_period=options.get("grace_period"),
             reserve=options.get("reserve"),
@@ -110,14 +114,10 @@ class DrainConfig:
         admit = options.get("admit_during_propagation", True)
         if not isinstance(admit, bool):
             raise ConfigError(f"admit_during_propagation: expected True or False, got {admit!r}")
-        handoff = options.get("handoff_streams")
-        if handoff is None:
-            handoff = _env_flag("GRACEFUL_HANDOFF_STREAMS")
+        handoff = options.get("handoff_streams", False)
         if not isinstance(handoff, bool):
             raise ConfigError(f"handoff_streams: expected True or False, got {handoff!r}")
-        sigterm = options.get("drain_on_sigterm")
-        if sigterm is None:
-            sigterm = _env_flag("GRACEFUL_DRAIN_ON_SIGTERM", default=True)
+        sigterm = options.get("drain_on_sigterm", True)
         if not isinstance(sigterm, bool):
             raise ConfigError(f"drain_on_sigterm: expected True or False, got {sigterm!r}")
         config = cls(
@@ -166,17 +166,7 @@ class DrainConfig:
         return wait, quiet, limit
 
 
-def _env_flag(name: str, default: bool = False) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    if raw == "":
-        return default
-    raise ConfigError(f"environment variable {name}: {raw!r} is not a boolean; use 1 or 0")
-
-
 # The option names, in the order of the table.
 OPTION_DOCS: dict[str, tuple[str, str]] = {f.name: f.metadata["doc"] for f in dataclasses.fields(DrainConfig)}
 DRAIN_OPTIONS = frozenset(OPTION_DOCS)
+_BUDGET_READS = frozenset({"grace_period", "propagation_quiet"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,8 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 
 from examples.server import Config, create_app
-from graceful import Budget, GracefulMiddleware, parse_duration
+from graceful import Budget, parse_duration
+from graceful._middleware import DEFAULTS
 
 pytestmark = pytest.mark.anyio
 
@@ -176,7 +176,6 @@ def test_probe_ports_match_the_served_port(name: str, spec: dict[str, Any], cont
 
 
 async def test_example_probes_use_paths_the_server_serves() -> None:
-    defaults = inspect.signature(GracefulMiddleware.__init__).parameters
     deployment = [c for n, _, c in ALL if EXAMPLE_APP in argv(c)]
     assert len(deployment) == 1
     container = deployment[0]
@@ -184,7 +183,7 @@ async def test_example_probes_use_paths_the_server_serves() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pod") as http:
         for key, parameter in PROBES.items():
             path = container[key]["httpGet"]["path"]
-            assert path == defaults[parameter].default
+            assert path == DEFAULTS[parameter]
         app.drain.mark_serving()
         for key in PROBES:
             # Answered by the middleware with its probe body; any other path reaches the app.
