@@ -26,7 +26,6 @@ import h11
 from ._budget import ConfigError, parse_duration
 from ._paths import default_socket_dir, socket_path
 from ._state import Drain
-from ._status import State
 
 __all__ = ["AdminServer", "is_listening", "prepare_socket_dir", "remove_stale"]
 
@@ -135,23 +134,17 @@ class AdminServer:
         self._slots = anyio.Semaphore(max_connections)
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        # The file-system calls run in a worker thread: an app's own tests may check that
+        # nothing blocks its event loop (Starlette's suite runs under blockbuster).
         try:
-            path = socket_path(self.socket_dir, os.getpid())
-            prepare_socket_dir(self.socket_dir, group=self.socket_mode == 0o660)
-            for stale in remove_stale(self.socket_dir):
-                logger.info("removed stale admin socket %s", stale)
-            if os.path.exists(path) and is_listening(path):
-                raise ConfigError(f"admin socket {path!r} is in use by another process; use another --socket-dir")
+            path = await anyio.to_thread.run_sync(self._prepare)
             listener = await anyio.create_unix_listener(path, mode=self.socket_mode)
         except ConfigError as exc:
             logger.error("admin listener not started: %s", exc)
             raise
         self.path = path
-        self._identity = os.stat(path).st_ino
+        self._identity = await anyio.to_thread.run_sync(lambda: os.stat(path).st_ino)
         logger.info("admin listener on %s", path)
-        # Servers that end the process by re-raising SIGTERM (plain uvicorn) never run our
-        # finally: take the name away as soon as lifespan shutdown marks the drain STOPPED.
-        self.drain.add_listener(self._on_state_change)
         try:
             async with listener, anyio.create_task_group() as tg:
                 task_status.started()
@@ -164,13 +157,19 @@ class AdminServer:
                         continue
                     tg.start_soon(self._connection, stream, tg)
         finally:
-            # A later lifecycle of the same Drain starts a listener of its own.
-            self.drain.remove_listener(self._on_state_change)
-            self._unlink()
+            # Lifespan shutdown stops us before it tells the server (see _lifespan), so the name is
+            # gone before a server that re-raises SIGTERM (plain uvicorn) ends the process.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._unlink)
 
-    def _on_state_change(self) -> None:
-        if self.drain.state is State.STOPPED:
-            self._unlink()
+    def _prepare(self) -> str:
+        path = socket_path(self.socket_dir, os.getpid())
+        prepare_socket_dir(self.socket_dir, group=self.socket_mode == 0o660)
+        for stale in remove_stale(self.socket_dir):
+            logger.info("removed stale admin socket %s", stale)
+        if os.path.exists(path) and is_listening(path):
+            raise ConfigError(f"admin socket {path!r} is in use by another process; use another --socket-dir")
+        return path
 
     def _unlink(self) -> None:
         # Only remove the file if it is still ours (a successor may have replaced it).

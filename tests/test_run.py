@@ -90,7 +90,7 @@ def test_prestop_drain_then_sigterm(launch: Callable[..., Launched]) -> None:
     frame 6. SIGTERM exits 0 quickly."""
     server = launch("--propagation-wait", "0.3s", "--no-admit-during-propagation")
     server.wait_ready()
-    streams = start_streams(server, 3, frames=50)
+    streams = start_streams(server, 3, frames=40)
     drain = graceful("drain", socket_dir=server.socket_dir)
     wait_status(server, 503)
     refused = httpx.get(server.url("/hello"), timeout=2)
@@ -177,7 +177,7 @@ def test_workers_drained_by_one_command(launch: Callable[..., Launched]) -> None
     """1. `--workers 2` 2. both sockets appear 3. one `graceful drain` drains both 4. SIGTERM exits 0."""
     server = launch("--workers", "2", "--propagation-wait", "0.2s")
     server.wait_ready(sockets=2)
-    streams = start_streams(server, 4, frames=50)
+    streams = start_streams(server, 4, frames=40)
     drain = graceful("drain", "--json", socket_dir=server.socket_dir)
     out, err = drain.communicate(timeout=20)
     assert drain.returncode == 0, err
