@@ -6,7 +6,10 @@ thread, in one of two ways:
 - ``signal.signal``: uvicorn (``capture_signals``, also under gunicorn's ``UvicornWorker``);
   hypercorn's trio worker leaves SIGTERM at the default;
 - ``loop.add_signal_handler`` on the asyncio loop: hypercorn's asyncio worker and granian's
-  workers.
+  workers;
+- ``loop.add_signal_handler`` on uvloop, which keeps the callbacks where Python cannot read
+  them and dispatches from the interpreter's wakeup fd: vLLM's API server
+  (``vllm/entrypoints/launchers/launcher.py``, ``serve_http``), granian with ``--loop uvloop``.
 
 :class:`SignalDrain` puts itself in front of whichever it finds. The first signal starts
 the drain; once it has ended, the server's own handler gets the signal as if it had just
@@ -18,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -55,6 +60,9 @@ class SignalDrain:
         self._forced = anyio.Event()
         self._first_at = 0.0
         self._handed_on = False
+        self._wakeup_held = False
+        self._held_numbers: set[int] = set()  # the signals taken through signal.signal
+        self._restore_last: list[Callable[[], None]] = []
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -98,23 +106,81 @@ class SignalDrain:
         previous = signal.getsignal(sig)
         if previous is signal.SIG_IGN or previous is None:  # ignored, or installed outside Python
             return
-        if _owned_by_loop(previous):
-            # The loop (uvloop) dispatches through its own table, which cannot be read:
-            # we could neither stop the server from hearing the signal nor hand it on.
+        if _owned_by_loop(previous) and not self._hold_wakeups():
             logger.warning(
-                "%s stays with the server: its event loop (%s) keeps signal handlers where they cannot be "
-                "taken over; run the server on the asyncio loop, or drain from a preStop hook",
+                "%s stays with the server: its event loop (%s) dispatches signals through a wakeup file "
+                "descriptor that graceful could not take over; drain from a preStop hook (graceful drain)",
                 signal.Signals(sig).name,
                 type(getattr(previous, "__self__", None)).__module__,
             )
             return
         signal.signal(sig, self._on_os_signal)
+        self._held_numbers.add(sig)
 
         def restore_handler() -> None:
             if signal.getsignal(sig) == self._on_os_signal:
                 signal.signal(sig, previous)
 
         self._restore.append(restore_handler)
+
+    def _hold_wakeups(self) -> bool:
+        """Put ourselves between the signals and a loop that dispatches them from its wakeup fd.
+
+        uvloop (which vLLM runs on) keeps ``add_signal_handler`` callbacks in a table Python
+        cannot read. What it reads is the wakeup fd (``signal.set_wakeup_fd``): the
+        interpreter writes each caught signal's number there, and the loop calls the callback
+        registered for it (``uvloop/loop.pyx``, ``_read_from_self``). So the wakeup fd becomes
+        ours: the numbers of the signals we take stay with us, every other number goes on to
+        the loop's fd as it came, and giving back restores the loop's fd, after which a
+        signal raised again reaches the server's callback. Done once, for every signal taken.
+        """
+        if self._wakeup_held:
+            return True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # trio runs us: no asyncio loop to read our end
+            return False
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        theirs.setblocking(False)
+        try:
+            loop_fd = signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
+        except ValueError:  # pragma: no cover - we run on the main thread, checked in run()
+            ours.close()
+            theirs.close()
+            return False
+        if loop_fd == -1:  # nothing reads the wakeup fd: the loop is not listening for signals
+            signal.set_wakeup_fd(-1)
+            ours.close()
+            theirs.close()
+            return False
+
+        def forward() -> None:
+            try:
+                numbers = ours.recv(512)
+            except OSError:
+                return
+            passed = bytes(number for number in numbers if number not in self._held_numbers)
+            if passed:
+                try:
+                    os.write(loop_fd, passed)
+                except OSError:  # the loop's pipe is full: it has wakeups pending already
+                    pass
+
+        loop.add_reader(ours.fileno(), forward)
+
+        def restore_wakeup_fd() -> None:
+            loop.remove_reader(ours.fileno())
+            current = signal.set_wakeup_fd(loop_fd, warn_on_full_buffer=False)
+            if current != theirs.fileno():  # someone else took it after us: theirs stays
+                signal.set_wakeup_fd(current, warn_on_full_buffer=False)
+            ours.close()
+            theirs.close()
+
+        self._wakeup_held = True
+        # Restored last (restores run in order): the signals' handlers go back first.
+        self._restore_last.append(restore_wakeup_fd)
+        return True
 
     def _on_os_signal(self, sig: int, frame: FrameType | None) -> None:
         # Runs between two bytecodes of whatever the main thread was doing: only hand over.
@@ -186,7 +252,8 @@ class SignalDrain:
 
     def _give_back(self) -> None:
         self._handed_on = True
-        restore, self._restore = self._restore, []
+        restore, self._restore = [*self._restore, *self._restore_last], []
+        self._restore_last = []
         for undo in restore:
             undo()
 
@@ -204,14 +271,16 @@ def _stopped_by_parent() -> tuple[str, str] | None:
     """(server, fix) when this process is a worker whose parent takes SIGTERM and stops it otherwise.
 
     hypercorn with ``--workers N`` (N >= 1, its default is 1) spawns its workers with
-    multiprocessing, SIGINT ignored and SIGTERM left at the default; its parent takes
+    multiprocessing, SIGINT ignored and no handler of its own for SIGTERM; its parent takes
     SIGTERM and sets a shared event that the workers' servers wait on, so no signal ever
     reaches a worker (``hypercorn/run.py``). With ``--workers 0`` it serves in one process.
     """
     multiprocessing = sys.modules.get("multiprocessing")
     if multiprocessing is None or multiprocessing.parent_process() is None:
         return None
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    # SIGINT ignored is the mark: every server that handles signals in its workers installs a
+    # handler for it there. (SIGTERM may have one of a tool's own, such as coverage's.)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         return None
     if "hypercorn" in sys.modules:
         return "hypercorn --workers N", "hypercorn with --workers 0"

@@ -480,7 +480,8 @@ async def test_the_servers_handler_hears_the_signal_after_the_drain(anyio_backen
 @pytest.mark.anyio
 async def test_what_is_not_taken_over(caplog: pytest.LogCaptureFixture) -> None:
     """1. an ignored SIGINT stays ignored 2. a SIGTERM handler that is a method of an event loop
-    (uvloop's way) stays, with a warning naming the fix."""
+    (uvloop's way) while no wakeup fd is set (nothing would dispatch it) stays, with a warning
+    naming the fix."""
     import asyncio
 
     from asgi_lifespan import LifespanManager
@@ -491,6 +492,7 @@ async def test_what_is_not_taken_over(caplog: pytest.LogCaptureFixture) -> None:
     other_loop = asyncio.new_event_loop()
     loop_owned = other_loop.call_soon  # stands in for uvloop's Loop.__sighandler: never called here
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    wakeup_before = signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, loop_owned)  # type: ignore[arg-type]
     app = GracefulMiddleware(_noop_app, admin=False, registry=CollectorRegistry())  # type: ignore[arg-type]
@@ -501,10 +503,80 @@ async def test_what_is_not_taken_over(caplog: pytest.LogCaptureFixture) -> None:
                 assert signal.getsignal(signal.SIGTERM) == loop_owned
                 assert app.drain.state is State.SERVING
         assert "SIGTERM stays with the server: its event loop (asyncio" in caplog.text
-        assert "run the server on the asyncio loop, or drain from a preStop hook" in caplog.text
+        assert "drain from a preStop hook (graceful drain)" in caplog.text
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+        signal.set_wakeup_fd(wakeup_before)
+        other_loop.close()
+
+
+@pytest.mark.anyio
+async def test_a_loop_that_dispatches_from_its_wakeup_fd() -> None:
+    """uvloop's way (vLLM's API server runs on it): Python's handler is a method of the loop,
+    the callbacks sit in a table Python cannot read, and the loop dispatches from the numbers
+    the interpreter writes to its wakeup fd (uvloop/loop.pyx, _read_from_self). Emulated:
+    1. during the lifespan the wakeup fd is graceful's, and another signal's number (SIGUSR1)
+       still reaches the loop's fd
+    2. SIGTERM: the drain runs and the loop's fd hears nothing of it
+    3. once the drain has ended, the loop's handler and fd are back and the loop's fd gets
+       SIGTERM's number, once."""
+    import asyncio
+    import socket
+
+    import anyio
+    from asgi_lifespan import LifespanManager
+    from prometheus_client import CollectorRegistry
+
+    from graceful import GracefulMiddleware, State
+
+    other_loop = asyncio.new_event_loop()
+    loop_owned = other_loop.call_soon  # stands in for uvloop's Loop.__sighandler
+    loop_reads, loop_fd = socket.socketpair()  # the loop's self-pipe
+    loop_reads.setblocking(False)
+    loop_fd.setblocking(False)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    wakeup_before = signal.set_wakeup_fd(loop_fd.fileno(), warn_on_full_buffer=False)
+    for sig in before:
+        signal.signal(sig, loop_owned)  # type: ignore[arg-type]
+
+    def numbers() -> bytes:
+        try:
+            return loop_reads.recv(512)
+        except BlockingIOError:
+            return b""
+
+    async def heard(expected: bytes) -> None:
+        got = b""
+        with anyio.fail_after(5):
+            while got != expected:
+                got += numbers()
+                await anyio.sleep(0.01)
+
+    app = GracefulMiddleware(_noop_app, admin=False, registry=CollectorRegistry(), propagation_wait=0.2)  # type: ignore[arg-type]
+    try:
+        async with LifespanManager(app):
+            assert signal.getsignal(signal.SIGTERM) != loop_owned
+            assert signal.getsignal(signal.SIGUSR1) == loop_owned  # not one of ours
+            os.kill(os.getpid(), signal.SIGUSR1)
+            await heard(bytes([signal.SIGUSR1]))
+            os.kill(os.getpid(), signal.SIGTERM)
+            with anyio.fail_after(5):
+                while app.drain.state is not State.DRAINING:
+                    await anyio.sleep(0.01)
+            assert numbers() == b""
+            await heard(bytes([signal.SIGTERM]))
+            assert app.drain.last_result is not None and app.drain.last_result.result == "drained"
+            assert signal.getsignal(signal.SIGTERM) == loop_owned
+            assert signal.set_wakeup_fd(loop_fd.fileno(), warn_on_full_buffer=False) == loop_fd.fileno()
+        await anyio.sleep(0.05)
+        assert numbers() == b""  # once
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(wakeup_before)
+        loop_reads.close()
+        loop_fd.close()
         other_loop.close()
 
 
