@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -18,6 +19,8 @@ from ._status import SERVING, State
 from ._types import Message, Receive, Scope, Send
 
 __all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
+
+logger = logging.getLogger("graceful")
 
 # Marks a 503 whose request never reached the app, so a gateway knows a retry is safe.
 NOT_STARTED_HEADER = b"x-graceful-not-started"
@@ -132,7 +135,7 @@ class Call(Tracked):
     cancelled, exactly once whichever comes first.
     """
 
-    __slots__ = ("config", "scope", "_receive", "_send", "task", "cancel_scope", "headers")
+    __slots__ = ("config", "scope", "_receive", "_send", "task", "cancel_scope", "headers", "last", "before")
     ledger: Drain
 
     def __init__(self, config: Config, scope: Scope, receive: Receive, send: Send, task: Any) -> None:
@@ -147,6 +150,8 @@ class Call(Tracked):
         self.task: asyncio.Task[Any] | None = task
         self.cancel_scope: anyio.CancelScope | None = None
         self.headers: list[tuple[bytes, bytes]] = _NO_HEADERS  # until the response starts
+        self.last: bytes | None = None
+        self.before: bytes | None = None
 
     # The middleware runs the app and admits the call itself (one coroutine frame less
     # per request); these are the slow paths around it.
@@ -179,6 +184,13 @@ class Call(Tracked):
         # Not a coroutine: a streamed frame and the response start go straight to the
         # server's send, without a coroutine of ours per message.
         if message.get("more_body"):
+            body = message.get("body")
+            if body == _DONE:
+                return self._done(message)
+            # The last two frames, for _done: an engine's abort is the finish chunk, followed by
+            # a usage chunk when the client asked for one.
+            self.before = self.last
+            self.last = body
             return self._send(message)
         kind = message["type"]
         if kind == "http.response.body":
@@ -204,6 +216,29 @@ class Call(Tracked):
             self.headers = message["headers"] = headers
         return self._send(message)
 
+    async def _done(self, message: Message) -> None:
+        """``data: [DONE]``, the end of an OpenAI-style stream: passed on, unless the engine aborted it.
+
+        vLLM finishes a request it aborts (its shutdown timeout, a scale-down, an abort call)
+        with ``finish_reason: "abort"`` and then ``[DONE]``, as if it had completed
+        (vllm-project/vllm#57082). Such a stream ends here with the retryable final frame
+        instead of ``[DONE]`` (resumable when the request is), so no client takes it for a
+        whole answer.
+        """
+        frames = [frame for frame in (self.before, self.last) if frame is not None and _ABORT in frame]
+        if not frames or not any(map(_aborted, frames)) or self.content_type_media() != b"text/event-stream":
+            await self._send(message)
+            return
+        self.ledger.count_truncated("engine_abort")
+        logger.info("%s: the engine aborted the stream; it ends with the retryable final frame", self.label())
+        send, self._send = self._send, _drop
+        frame = self._final_frame()(self.content_type())
+        if frame is not None:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if self.open:
+            self.finish(ERROR)
+
     async def _start_then_hand_off(self, message: Message) -> None:
         """A response that starts once the handoff has begun: a resumable stream is handed off at once."""
         await self._send(message)
@@ -222,6 +257,9 @@ class Call(Tracked):
                 return bytes(value)
         return b""
 
+    def content_type_media(self) -> bytes:
+        return self.content_type().split(b";", 1)[0].strip().lower()
+
     def label(self) -> str:
         return f"{self.scope.get('method', 'GET')} {self.scope['path']}"
 
@@ -239,8 +277,7 @@ class Call(Tracked):
         """End a resumable SSE stream now with the final event, for its client to continue elsewhere."""
         if not self.open or self.headers is _NO_HEADERS or not self.resumable():
             return False
-        media = self.content_type().split(b";", 1)[0].strip().lower()
-        if media != b"text/event-stream":
+        if self.content_type_media() != b"text/event-stream":
             return False
         await self._end(HANDED_OFF)
         return True
@@ -268,6 +305,27 @@ class Call(Tracked):
             self.task.cancel()
         elif self.cancel_scope is not None:
             self.cancel_scope.cancel()
+
+
+_DONE = b"data: [DONE]\n\n"
+_ABORT = b'"abort"'
+
+
+def _aborted(frame: bytes) -> bool:
+    """Whether an SSE frame holds an OpenAI-style chunk with a choice that finished with "abort"."""
+    for line in frame.splitlines():
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            continue
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if isinstance(choices, list) and any(
+            isinstance(choice, dict) and choice.get("finish_reason") == "abort" for choice in choices
+        ):
+            return True
+    return False
 
 
 def _classify(exc: BaseException) -> int:

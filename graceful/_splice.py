@@ -56,9 +56,16 @@ def plan(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | N
     else:
         prompt = payload.get("prompt")
         one = isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
-        if not (isinstance(prompt, str) or one) or payload.get("echo"):
-            return None  # token-id or multiple prompts, or echo: the text so far cannot be appended
+        if not (isinstance(prompt, str) or one or (_token_ids(prompt) and payload.get("return_token_ids") is True)):
+            return None  # several prompts, or token ids that the stream will not extend
+        if payload.get("echo"):
+            return None  # the answer starts with the prompt: a continuation cannot say where it ends
     return kind, payload
+
+
+def _token_ids(value: object) -> bool:
+    """Whether ``value`` is a list of token ids (ints, not bools)."""
+    return isinstance(value, list) and all(type(item) is int for item in value)
 
 
 class Splice:
@@ -92,6 +99,16 @@ class Splice:
         self.shutdown: bytes | None = None  # graceful's final event, held back
         self.blocked: str | None = None  # why this stream must not resume
         self.in_tool_call = False
+        # Token ids, when the server returns them (vLLM with "return_token_ids": true): the
+        # prompt's, from the first chunk, and every completion token's. With both, a
+        # continuation carries ids, not text, and is exact (docs/resume.md, "Exactness").
+        self.prompt_ids: list[int] | None = None
+        self.token_ids: list[int] = []
+        self.ids_whole = True  # every chunk with text or tokens carried its token ids
+        # After a chunk that finished with "abort" (an engine's abort, which vLLM ends like a
+        # whole answer), the events that follow are held until the end says what it was.
+        self.aborted = False
+        self.held: list[bytes] = []
 
     # -- reading an attempt ------------------------------------------------------------
 
@@ -120,7 +137,7 @@ class Splice:
             return b""  # nothing after [DONE]
         if data.strip() == b"[DONE]":
             self.done = True
-            return _DONE if self.resumes else raw
+            return self._release() + (_DONE if self.resumes else raw)
         try:
             event = json.loads(data)
         except (UnicodeDecodeError, ValueError):
@@ -134,16 +151,28 @@ class Splice:
                 self.shutdown = raw  # handed back only if the stream does not resume
                 return b""
             self.blocked = "an error event"
-            return raw
+            return self._release() + raw
         self.events += 1  # a complete event of the answer (graceful's final event is not one)
         if self.first is None:
             self.first = {key: event[key] for key in ("id", "created", "model") if key in event}
+            if _token_ids(event.get("prompt_token_ids")):  # chat: at the top of the first chunk
+                self.prompt_ids = event["prompt_token_ids"]
         self._read_choices(event)
-        if not self.resumes:
-            return raw
-        if not self._splice(event):
+        out = raw
+        if self.resumes:
+            out = (
+                b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n" if self._splice(event) else b""
+            )
+        if self.aborted:
+            self.held.append(out)
             return b""
-        return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+        return out
+
+    def _release(self) -> bytes:
+        """The events held after an abort, for the caller: the stream ended as the server sent it."""
+        held, self.held = self.held, []
+        self.aborted = False
+        return b"".join(held)
 
     def _read_choices(self, event: dict[str, Any]) -> None:
         choices = event.get("choices")
@@ -163,10 +192,21 @@ class Splice:
                     self.blocked = "reasoning deltas (a continuation cannot carry them)"
             else:
                 content = choice.get("text")
+                if self.prompt_ids is None and _token_ids(choice.get("prompt_token_ids")):
+                    self.prompt_ids = choice["prompt_token_ids"]  # completions: in the first choice
+            ids = choice.get("token_ids")
             if isinstance(content, str) and content:
                 self.text.append(content)
+            if isinstance(ids, list) and _token_ids(ids):
+                self.token_ids.extend(ids)
+                self.tokens += len(ids)
+            elif isinstance(content, str) and content:
+                self.ids_whole = False
                 self.tokens += 1
-            if choice.get("finish_reason") is not None:
+            reason = choice.get("finish_reason")
+            if reason == "abort":
+                self.aborted = True  # not a finish: held until the end of the stream tells
+            elif reason is not None:
                 self.finished = True
                 self.in_tool_call = False
 
@@ -175,9 +215,13 @@ class Splice:
         keep = True
         if self.first:
             event.update(self.first)
+        if event.get("prompt_token_ids") is not None:
+            event["prompt_token_ids"] = None  # the continuation's prompt holds the tokens carried over
         choices = event.get("choices")
         if isinstance(choices, list):
             for choice in choices:
+                if isinstance(choice, dict) and choice.get("prompt_token_ids") is not None:
+                    choice["prompt_token_ids"] = None
                 delta = choice.get("delta") if isinstance(choice, dict) else None
                 if isinstance(delta, dict) and "role" in delta:
                     del delta["role"]  # the caller has had its role delta
@@ -217,6 +261,8 @@ class Splice:
             return "cut inside a tool call"
         if self.finished:
             return "cut after the finish reason"
+        if self.kind == "completion" and _token_ids(self.payload.get("prompt")) and self.exact_ids() is None:
+            return "a token-id prompt, and the stream did not return the token ids to extend it with"
         progress = self.events > self.events_at_resume or not self.resumes
         if progress and self.charged >= self.max_resumes:
             return f"max_resumes={self.max_resumes} reached"
@@ -238,7 +284,15 @@ class Splice:
         """The next request's body: the original, with the text so far as the model's own."""
         body = copy.deepcopy(self.payload)
         text = "".join(self.text)
-        if self.kind == "chat":
+        exact = self.exact_ids()
+        if exact is not None and self.kind == "chat":
+            # vLLM's decode-side token reuse: the ids go to the engine as they are, with no
+            # chat template and no tokenizer (vllm/renderers/online_renderer.py).
+            transfer = body.get("kv_transfer_params")
+            body["kv_transfer_params"] = {**(transfer if isinstance(transfer, dict) else {}), "prompt_token_ids": exact}
+        elif exact is not None:
+            body["prompt"] = exact
+        elif self.kind == "chat":
             messages = body["messages"]
             last = messages[-1] if messages else None
             if (
@@ -261,6 +315,12 @@ class Splice:
                 body[name] = max(1, value - self.tokens)
         return json.dumps(body, separators=(",", ":")).encode()
 
+    def exact_ids(self) -> list[int] | None:
+        """The prompt's token ids and every one received, when the stream carried them all."""
+        if self.prompt_ids is None or not self.ids_whole:
+            return None
+        return [*self.prompt_ids, *self.token_ids]
+
     def begin_resume(self, reason: str, url: httpx.URL) -> bytes:
         if self.events > self.events_at_resume or not self.resumes:
             self.charged += 1
@@ -272,6 +332,8 @@ class Splice:
         self.carried_tokens = self.tokens
         self.buffer = b""
         self.shutdown = None
+        self.held = []  # the aborted attempt's last chunks: the continuation brings the rest
+        self.aborted = False
         logger.info(
             "resuming stream %s (%s) at %s: %d bytes and %d tokens carried over (resume %d of at most %d)",
             (self.first or {}).get("id", "?"),
@@ -290,8 +352,8 @@ class Splice:
 
     def surfaced(self) -> bytes:
         """What to hand the caller when the stream ends without resuming: the held final event, if any."""
-        held, self.shutdown = self.shutdown, None
-        return held or b""
+        final, self.shutdown = self.shutdown, None
+        return self._release() + (final or b"")
 
 
 def _event_end(buffer: bytes) -> tuple[int, int] | None:
