@@ -105,8 +105,10 @@ class VllmServer:
         self.port = 0
         environment = {**os.environ, **VLLM_ENV, "GRACEFUL_SOCKET_DIR": socket_dir, **env}
         environment.pop("PYTHONPATH", None)  # the vLLM venv has graceful installed (editable) itself
-        command = [VLLM, "serve", model, "--dtype", "float32", "--enforce-eager", "--max-model-len", "16384",
-                   "--host", "127.0.0.1", "--port", "0", "--middleware", "graceful.GracefulMiddleware", *args]  # fmt: skip
+        command = [
+            VLLM, "serve", model, "--dtype", "float32", "--enforce-eager", "--max-model-len", "16384",
+            "--host", "127.0.0.1", "--port", "0", "--middleware", "graceful.GracefulMiddleware", *args,
+        ]  # fmt: skip
         with open(log, "wb") as out:
             # A process group of its own (killed whole at teardown), but the test's session: with the
             # kernel's autogroup scheduling a new session is a scheduling group of its own, and the

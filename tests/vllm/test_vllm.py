@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -75,7 +74,7 @@ class Stream:
                     for event in sse_events(response.iter_lines()):
                         self.events.append(event)
                         self.first.set()
-            except BaseException as exc:  # noqa: BLE001 - recorded for the test to show
+            except BaseException as exc:
                 self.error = exc
             finally:
                 self.ended_at = time.monotonic()
