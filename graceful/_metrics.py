@@ -28,7 +28,11 @@ COUNTERS = {
     "requests": ("graceful_requests", "Finished requests by outcome.", "outcome"),
     "rejected": ("graceful_rejected", "Requests refused before the app saw them.", "reason"),
     "drains": ("graceful_drains", "Drains by result.", "result"),
-    "truncated": ("graceful_truncated_streams", "Responses ended early by the drain deadline.", "reason"),
+    "truncated": (
+        "graceful_truncated_streams",
+        "Responses ended early: at the drain deadline, on a forced exit, or aborted by the engine.",
+        "reason",
+    ),
 }
 # Keyed by the groups of Drain.tally.samples(): (name, help, buckets).
 HISTOGRAMS = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +15,14 @@ import yaml  # type: ignore[import-untyped]
 
 from examples.server import Config, create_app
 from graceful import Budget, parse_duration
+from graceful._environ import from_environ
 from graceful._middleware import DEFAULTS
 
 pytestmark = pytest.mark.anyio
 
 MANIFESTS = sorted((Path(__file__).parent.parent / "examples" / "kubernetes").glob("*.yaml"))
 EXAMPLE_APP = "examples.server:app"
+MIDDLEWARE = "graceful.GracefulMiddleware"
 PROBES = {"startupProbe": "startup_path", "readinessProbe": "ready_path", "livenessProbe": "live_path"}
 
 
@@ -91,16 +94,18 @@ def test_every_manifest_parses_and_is_found() -> None:
         "service.yaml",
         "pdb.yaml",
         "vllm.yaml",
+        "vllm-middleware.yaml",
         "kthena-modelserving.yaml",
         "kthena-modelserving-pd.yaml",
     }
     kinds = {doc["kind"] for path in MANIFESTS for doc in load(path)}
-    assert kinds == {"Deployment", "Service", "PodDisruptionBudget", "ModelServing"}
+    assert kinds == {"Deployment", "Service", "PodDisruptionBudget", "ModelServing", "ConfigMap"}
     for path in MANIFESTS:
         for doc in load(path):
             if doc["kind"] == "ModelServing":
                 assert doc["apiVersion"] == "workload.serving.volcano.sh/v1alpha1"
-    assert len(ALL) == 5  # example server, vLLM, kthena aggregated, kthena prefill and decode
+    # example server, vLLM (engine mode), vLLM (middleware), kthena aggregated, kthena prefill and decode
+    assert len(ALL) == 6
 
 
 @pytest.mark.parametrize(("name", "spec", "container"), ALL, ids=[f"{n}:{c['name']}" for n, _, c in ALL])
@@ -124,6 +129,12 @@ def test_grace_period_covers_propagation_drain_and_reserve(
         assert parse_duration(params["grace_period"]) == grace
         assert wait + params["timeout"] + kv_buffer <= 0.7 * grace
         assert kv_buffer <= 30
+    elif MIDDLEWARE in argv(container):
+        # vLLM with graceful inside: the hook and a SIGTERM-started drain end at the same time.
+        settings = env(container)
+        assert params["timeout"] + budget.reserve <= grace, f"{name}: {params['timeout']} + {budget.reserve} > {grace}"
+        assert parse_duration(settings["GRACEFUL_DRAIN_TIMEOUT"]) == params["timeout"]
+        assert parse_duration(settings["GRACEFUL_PROPAGATION_WAIT"]) == wait
     else:
         # The deadline counts from drain start, the propagation wait inside it: the hook's
         # --timeout must fit before the reserve, and cover the longest request in the mode served.
@@ -191,6 +202,27 @@ async def test_example_probes_use_paths_the_server_serves() -> None:
             assert response.status_code == 200
             assert response.json()["state"] == "SERVING"
         assert (await http.get("/not-a-probe")).status_code == 404
+
+
+def test_vllm_with_the_middleware_probes_it_and_keeps_its_own_pages() -> None:
+    """Readiness and startup are the middleware's (read from its defaults, as vLLM loads it with no
+    arguments); liveness is vLLM's /health, exempt from refusal with /metrics; the logging file
+    the environment names is the one the ConfigMap mounts."""
+    (container,) = [c for _, _, c in ALL if MIDDLEWARE in argv(c)]
+    args = argv(container)
+    assert option(args, "--middleware") == MIDDLEWARE
+    assert container["readinessProbe"]["httpGet"]["path"] == DEFAULTS["ready_path"]
+    assert container["startupProbe"]["httpGet"]["path"] == DEFAULTS["startup_path"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    exempt = from_environ(["exempt_paths"], env(container))["exempt_paths"]
+    assert set(exempt) >= {"/health", "/metrics"}
+    (mount,) = container["volumeMounts"]
+    assert env(container)["VLLM_LOGGING_CONFIG_PATH"].startswith(mount["mountPath"] + "/")
+    (config,) = [doc for path in MANIFESTS for doc in load(path) if doc["kind"] == "ConfigMap"]
+    logging_config = json.loads(config["data"]["vllm-logging.json"])
+    assert set(logging_config["loggers"]) == {"vllm", "graceful"}
+    shipped = json.loads((Path(__file__).parent.parent / "examples" / "vllm" / "logging.json").read_text())
+    assert logging_config["loggers"] == shipped["loggers"]
 
 
 def test_server_command_is_a_graceful_run_that_parses() -> None:
