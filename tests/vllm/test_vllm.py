@@ -415,3 +415,26 @@ def test_api_server_count_two_one_hook_drains_both(start_vllm: Callable[..., Vll
         stream.wait().assert_whole()
     server.process.send_signal(signal.SIGTERM)
     assert server.wait_exit(60) == 0, server.log[-4000:]
+
+
+def test_api_server_count_two_sigterm_to_the_parent_drains_each(start_vllm: Callable[..., VllmServer]) -> None:
+    """No preStop hook: SIGTERM reaches the parent (PID 1 in a container), which sends SIGTERM to
+    each API server and kills what is left after --shutdown-timeout (vllm/v1/utils.py, shutdown).
+    With --shutdown-timeout above the drain's limit:
+    1. streams in flight on the two API servers  2. SIGTERM to the parent
+    3. /ready turns 503; after the 2 s propagation wait new requests are refused
+    4. every stream ends whole with [DONE]; the server exits 0 before the shutdown timeout"""
+    server = start_vllm("--api-server-count", "2", "--shutdown-timeout", "60", **RECIPE, GRACEFUL_PROPAGATION_WAIT="2s")
+    server.wait_ready(sockets=2)
+    streams = [Stream(kind, 3000).run(server) for kind in ("completion", "chat", "completion", "chat")]
+    for stream in streams:
+        assert stream.first.wait(60)
+    sent = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    wait_for(lambda: status_of(server, "/ready").status_code == 503, 5, "/ready 503 after SIGTERM")
+    wait_for(lambda: new_request(server).status_code == 503, 10, "refusal after the propagation wait")
+    for stream in streams:
+        stream.wait().assert_whole()
+    assert server.wait_exit(60) == 0, server.log[-4000:]
+    assert time.monotonic() - sent < 60
+    assert server.log.count("SIGTERM received: draining") == 2, server.log[-4000:]
