@@ -93,6 +93,11 @@ def _weights_option(ctx: click.Context, param: click.Parameter, value: str) -> d
     default=None,
     help="With --resume: continuations per stream at most [default 3].",
 )
+@click.option(
+    "--exact-length",
+    is_flag=True,
+    help="Ask for exactly max_tokens (ignore_eos, temperature 0, usage on streams); other answers are truncated.",
+)
 @click.option("--max-requests", type=click.IntRange(min=1), default=None, help="Stop after this many requests.")
 @click.option("--seed", type=int, default=None, help="Seed for the class mix, arrivals and jitter.")
 @click.option(

@@ -42,6 +42,7 @@ class Outcome:
     retry_after: float | None = None
     should_retry: bool | None = None
     text: list[str] | None = None  # the stream's text pieces, when its count is to be checked
+    exact: bool = False  # exactly ``expected`` tokens were asked for (ignore_eos)
 
     def retryable(self, attempt: Attempt) -> bool:
         """The OpenAI SDK's rule, except that nothing is retried once a successful body has begun."""
@@ -214,6 +215,14 @@ def _frame(event: bytes) -> dict[str, Any] | None:
 
 
 def _judge(finish: Any, usage: Mapping[str, Any], attempt: Attempt, outcome: Outcome) -> str:
+    if outcome.exact:
+        # ignore_eos: a whole answer stops for length, and its usage (when sent) counts every token asked for.
+        counted = usage.get("completion_tokens") is not None
+        if finish != "length" or (counted and outcome.tokens != outcome.expected):
+            got = f"{outcome.tokens} of " if counted else "? of "
+            attempt.error = f"finish_reason {finish!r} after {got}{outcome.expected} tokens asked with ignore_eos"
+            return "truncated"
+        return "ok"
     # Stopping for length with fewer tokens than asked for means the server cut the answer short.
     if finish == "length" and usage.get("completion_tokens") is not None and outcome.tokens < outcome.expected:
         attempt.error = f"finish_reason length after {outcome.tokens} of {outcome.expected} tokens"

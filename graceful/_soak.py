@@ -43,6 +43,10 @@ class SoakConfig:
     ``concurrency`` caps how many are in flight. ``timeout`` bounds each attempt.
     With ``resume``, requests go through ``AsyncResumingTransport`` (at most
     ``max_resumes`` continuations per stream) and streams ask for a final usage chunk.
+    With ``exact_length``, every request asks for exactly its ``max_tokens`` (``ignore_eos``,
+    temperature 0, and the final usage chunk on streams), and an answer is whole only if it
+    stopped for length with that many completion tokens: for engines whose text is not known
+    in advance, such as vLLM.
     """
 
     url: str
@@ -62,6 +66,7 @@ class SoakConfig:
     retry_cap: float = 8.0
     resume: bool = False
     max_resumes: int = 3
+    exact_length: bool = False
 
     def __post_init__(self) -> None:
         endpoint(self.url)
@@ -77,8 +82,9 @@ class SoakConfig:
             raise ConfigError(f"max_requests: {self.max_requests!r} is below 1; use 1 or more, or no bound")
         if self.retry not in ("none", "sdk"):
             raise ConfigError(f"retry: {self.retry!r} is not a policy; use 'none' or 'sdk'")
-        if not isinstance(self.resume, bool):
-            raise ConfigError(f"resume: {self.resume!r} is not a boolean; use True or False")
+        for flag in ("resume", "exact_length"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag}: {getattr(self, flag)!r} is not a boolean; use True or False")
         if isinstance(self.max_resumes, bool) or not isinstance(self.max_resumes, int) or self.max_resumes < 0:
             raise ConfigError(
                 f"max_resumes: {self.max_resumes!r} is not a whole number of 0 or more; use e.g. 3 (0: never resume)"
@@ -242,15 +248,19 @@ async def _request(
         "max_tokens": record.expected_tokens,
         "stream": stream,
     }
-    if stream and cfg.resume:
-        # The spliced usage is part of what a resumed stream must get right.
+    if cfg.exact_length:
+        # A known length from any model: greedy, and the end-of-sequence token ignored (vLLM's, SGLang's).
+        body.update(temperature=0, ignore_eos=True)
+    if stream and (cfg.resume or cfg.exact_length):
+        # The usage counts the tokens; a resumed stream's spliced usage must get them right.
         body["stream_options"] = {"include_usage": True}
     headers = {"x-request-id": record.request_id, "idempotency-key": record.idempotency_key}
     tries = cfg.max_retries + 1 if cfg.retry == "sdk" else 1
     for n in range(tries):
         attempt = Attempt(reason="timeout", start=time.time())
         record.history.append(attempt)
-        outcome = Outcome(expected=record.expected_tokens, text=[] if stream and cfg.resume else None)
+        text: list[str] | None = [] if stream and cfg.resume else None
+        outcome = Outcome(expected=record.expected_tokens, text=text, exact=cfg.exact_length)
         with anyio.move_on_after(cfg.timeout) as deadline:
             await exchange(client, url, body, {**headers, "x-soak-attempt": str(n)}, stream, attempt, outcome)
         if deadline.cancelled_caught and attempt.reason != "ended_by_server":

@@ -269,6 +269,7 @@ def test_config_and_option_parsing() -> None:
         {"rate": -1.0},
         {"max_requests": 0},
         {"retry": "always"},
+        {"exact_length": "yes"},
         {"executions_urls": ("nope",)},
     ):
         with pytest.raises(ConfigError):
@@ -557,6 +558,72 @@ async def test_stream_parsing(parts: list[bytes], reason: str, tokens: int, erro
     [record] = report.records
     assert (record.reason, record.tokens) == (reason, tokens), record.error
     assert (record.error is None) if error is None else (error in (record.error or ""))
+
+
+def engine_text(n: int, finish: str | None = "length") -> list[bytes]:
+    """A stream as vLLM sends it: words of its own (not the example server's count), the last
+    chunk with the finish reason, some tokens in no chunk of their own."""
+    words = [event({"choices": [{"delta": {"content": f" w{i}"}, "finish_reason": None}]}) for i in range(n - 1)]
+    return [*words, event({"choices": [{"delta": {"content": " end"}, "finish_reason": finish}]})]
+
+
+def usage(tokens: int) -> bytes:
+    return event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}})
+
+
+@pytest.mark.parametrize(
+    ("answer", "cls", "reason", "error"),
+    [
+        # 8 tokens in 6 chunks: the usage counts them.
+        (Frames([*engine_text(6), usage(8), DONE]), "stream", "ok", None),
+        (Frames([*engine_text(5, "stop"), usage(5), DONE]), "stream", "truncated", "'stop' after 5 of 8"),
+        # vLLM's engine aborted it (plain vLLM, no middleware): a quiet [DONE] after the abort.
+        (Frames([*engine_text(3, "abort"), usage(3), DONE]), "stream", "truncated", "'abort' after 3 of 8"),
+        (Frames([*engine_text(6), usage(9), DONE]), "stream", "truncated", "'length' after 9 of 8"),
+        (Frames([*engine_text(8), DONE]), "stream", "ok", None),  # no usage sent: the finish reason alone
+        (Frames([*engine_text(7, None), usage(7), DONE]), "stream", "truncated", "None after 7 of 8"),
+        (Frames([completion(4, "length")], "application/json"), "short", "ok", None),
+        (Frames([completion(2, "stop")], "application/json"), "short", "truncated", "'stop' after 2 of 4"),
+    ],
+    ids=["whole", "stopped", "aborted", "too-many", "no-usage", "no-finish", "json-whole", "json-stopped"],
+)
+async def test_exact_length_asks_for_every_token_and_judges_the_count(
+    answer: Frames, cls: str, reason: str, error: str | None
+) -> None:
+    """1. exact_length: each request asks for temperature 0, ignore_eos and (streams) the usage chunk
+    2. an answer of a model whose text is unknown is whole only if it stopped for length with
+    max_tokens completion tokens; otherwise truncated, the finish reason and count in its error."""
+    bodies: list[dict[str, Any]] = []
+
+    def plan(n: int, body: dict[str, Any]) -> Answer:
+        bodies.append(body)
+        return answer
+
+    app = OpenAIApp(plan=plan)
+    async with run_uvicorn(app, log_level="critical") as server:
+        with anyio.fail_after(10):
+            report = await run_soak(config_one(server.port, mix={cls: 1}, max_requests=1, exact_length=True))
+    [record] = report.records
+    assert record.reason == reason, record.error
+    assert (record.error is None) if error is None else (error in (record.error or "")), record.error
+    [body] = bodies
+    assert (body["temperature"], body["ignore_eos"], body["max_tokens"]) == (0, True, SMALL[cls])
+    assert body.get("stream_options") == ({"include_usage": True} if cls == "stream" else None)
+
+
+async def test_without_exact_length_the_body_and_verdicts_are_unchanged() -> None:
+    """A stream that stopped early (finish "stop") is whole without exact_length, and the request
+    carries no sampling fields."""
+    bodies: list[dict[str, Any]] = []
+
+    def plan(n: int, body: dict[str, Any]) -> Answer:
+        bodies.append(body)
+        return Frames([*engine_text(5, "stop"), usage(5), DONE])
+
+    async with run_uvicorn(OpenAIApp(plan=plan), log_level="critical") as server:
+        report = await run_soak(config_one(server.port, mix={"stream": 1}, max_requests=1))
+    assert [r.reason for r in report.records] == ["ok"]
+    assert set(bodies[0]) == {"model", "messages", "max_tokens", "stream"}
 
 
 class RunCrashed(Exception):
