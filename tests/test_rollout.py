@@ -6,6 +6,7 @@ import asyncio
 import signal
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -259,3 +260,73 @@ async def test_the_baseline_is_uvicorn_without_a_drain() -> None:
             assert replica.returncode == -signal.SIGTERM  # uvicorn re-raises the signal once it has shut down
         finally:
             await replica.stop()
+
+
+def test_vllm_options_replicas_and_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--vllm: the sizes for two cores (what the user sets wins), vllm serve for both sides (the
+    middleware and graceful's environment on the graceful side only), exact-length traffic, and a
+    one-line error for a scenario or a vLLM it cannot run with."""
+    import sys
+
+    from examples.rollout.vllm import MODEL_NAME, VllmSetup
+
+    monkeypatch.setenv("GRACEFUL_VLLM", sys.executable)
+    quick = Options.resolve(quick=True, vllm=True)
+    assert (quick.replicas, quick.updates, quick.concurrency, quick.stream_tokens) == (1, 1, 6, (256, 1024))
+    assert (quick.grace_period, quick.reserve, quick.propagation_wait) == (30.0, 5.0, 1.0)
+    full = Options.resolve(vllm=True)
+    assert (full.replicas, full.updates, full.concurrency, full.grace_period) == (2, 1, 12, 120.0)
+    assert Options.resolve(quick=True, vllm=True, replicas=2, grace_period=40.0).replicas == 2
+    assert all(c.model == MODEL_NAME and c.exact_length for c in quick.traffic("http://127.0.0.1:1"))
+    assert not any(c.exact_length for c in Options.resolve(quick=True).traffic("http://127.0.0.1:1"))
+
+    setup = VllmSetup(command="/opt/vllm/bin/vllm", model="/models/tiny")
+    graceful = replace(quick, vllm_setup=setup).settings("graceful", "/tmp")
+    baseline = replace(quick, vllm_setup=setup).settings("baseline", "/tmp")
+    command = graceful.command(8000, "/tmp/sockets")
+    assert command[:3] == ["/opt/vllm/bin/vllm", "serve", "/models/tiny"]
+    assert command[-2:] == ["--middleware", "graceful.GracefulMiddleware"]
+    assert "--middleware" not in baseline.command(8000, "/tmp/sockets")
+    env = graceful.environment("g", "/tmp/sockets")
+    assert (env["GRACEFUL_SOCKET_DIR"], env["GRACEFUL_GRACE_PERIOD"], env["GRACEFUL_RESERVE"]) == (
+        "/tmp/sockets",
+        "30",
+        "5",
+    )
+    assert env["GRACEFUL_EXEMPT_PATHS"] == "/health,/metrics" and env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert "PYTHONPATH" not in env and "GRACEFUL_SOCKET_DIR" not in baseline.environment("b", "/tmp/s")
+    assert (graceful.startup_path, baseline.startup_path) == ("/startup", "/health")
+
+    with pytest.raises(ConfigError, match="--vllm: --scenario node-loss runs with the example server only"):
+        Options.resolve(scenario="node-loss", vllm=True)
+    monkeypatch.setenv("GRACEFUL_VLLM", "/nonexistent/vllm")
+    with pytest.raises(ConfigError, match="no vllm command at /nonexistent/vllm; run bash scripts/setup-vllm"):
+        Options.resolve(vllm=True)
+    result = CliRunner().invoke(rollout_command, ["--vllm", "--quick"])
+    assert result.exit_code == 2 and "no vllm command at /nonexistent/vllm" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_vllm_strict_clients_promise_is_refuse_modes() -> None:
+    """Inside vLLM graceful is the middleware only, with no pinned connections: strict clients
+    may meet explicit not-started 503s (a connection open at drain start, after the propagation
+    wait), as in refuse mode; any other failure still breaks the promise."""
+    from graceful._soak_report import Attempt, RequestRecord, SoakReport
+
+    def side(*reasons: str) -> SideResult:
+        records = []
+        for reason in reasons:
+            attempt = Attempt(reason=reason, start=1.0, end=2.0, headers=True, status=503)
+            records.append(RequestRecord("r", "k", "short", 8, start=1.0, end=2.0, reason=reason, history=[attempt]))
+        report = SoakReport(url="u", started=0.0, elapsed=1.0, records=records, settings={})
+        return SideResult(
+            kind="graceful", balancer="b", report=report, terminations=[], budget_limit=8, connect_errors=0
+        )
+
+    example = Options.resolve(scenario="strict-clients", quick=True)
+    vllm = replace(example, vllm=True)
+    refused = side("ok", "rejected_retryable")
+    assert expectations(side_summary(refused, example), example) == ["failed=1 admitting during propagation"]
+    assert expectations(side_summary(refused, vllm), vllm) == []
+    broken = expectations(side_summary(side("ok", "rejected_retryable", "ambiguous"), vllm), vllm)
+    assert broken == ["ambiguous=1", "1 failure(s) other than explicit retryable 503s"]

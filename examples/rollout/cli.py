@@ -80,6 +80,17 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write both sides as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Timeline PNG (needs matplotlib).")
 @click.option("--quick", is_flag=True, help="The reduced CI version: 2 replicas, 1 update, short streams.")
+@click.option(
+    "--vllm",
+    is_flag=True,
+    help=(
+        "Replicas are real vllm serve processes (CPU, a tiny model made once; bash scripts/setup-vllm), "
+        "the graceful side with --middleware graceful.GracefulMiddleware. Requests ask for exact lengths "
+        "(ignore_eos). Defaults: 2 replicas (--quick 1), 1 update, concurrency 12 (--quick 6), "
+        "short 8 and long 256 tokens, streams 256/1024/4096 tokens (--quick 256/1024), "
+        "--quick grace period 30s with a 5s reserve. Scenarios default and strict-clients."
+    ),
+)
 @click.option("--seed", type=int, default=None, help="Seed for the traffic mix.")
 def rollout_command(
     scenario: str,
@@ -88,11 +99,12 @@ def rollout_command(
     report: str | None,
     plot: str | None,
     quick: bool,
+    vllm: bool,
     **given: Any,
 ) -> None:
-    """Roll N replicas of the example server behind a real balancer, baseline vs graceful, under traffic."""
+    """Roll N replicas of the example server (or vLLM) behind a real balancer, baseline vs graceful, under traffic."""
     try:
-        options = Options.resolve(scenario=scenario, quick=quick, **given)
+        options = Options.resolve(scenario=scenario, quick=quick, vllm=vllm, **given)
         if plot is not None:
             from graceful._soak_report import check_plotting
 
@@ -137,7 +149,12 @@ async def _run(options: Options, skip_baseline: bool, records: str | None) -> tu
     def log(line: str) -> None:
         click.echo(line, err=True)
 
+    if options.vllm:
+        options = await asyncio.to_thread(options.with_vllm_model)
+        assert options.vllm_setup is not None
+        log(f"vllm: {options.vllm_setup.command}, model {options.vllm_setup.model}")
     baseline = None
+    server = "vllm serve" if options.vllm else "uvicorn"
     if not skip_baseline and options.handoff_streams:
         # The column to compare with: the same graceful side without handoff, which is long-streams.
         log("long-streams: graceful run + preStop graceful drain, streams waited for until the deadline")
@@ -146,11 +163,12 @@ async def _run(options: Options, skip_baseline: bool, records: str | None) -> tu
             "graceful", compare, log_dir=log_dir, log=log, records_path=records_file(records, "long-streams")
         )
     elif not skip_baseline:
-        log("baseline: plain uvicorn, no preStop hook")
+        log(f"baseline: plain {server}, no preStop hook")
         baseline = await run_side(
             "baseline", options, log_dir=log_dir, log=log, records_path=records_file(records, "baseline")
         )
-    log("graceful: graceful run + preStop graceful drain" + (", streams handed off" if options.handoff_streams else ""))
+    inside = "vllm serve --middleware graceful.GracefulMiddleware" if options.vllm else "graceful run"
+    log(f"graceful: {inside} + preStop graceful drain" + (", streams handed off" if options.handoff_streams else ""))
     graceful = await run_side(
         "graceful", options, log_dir=log_dir, log=log, records_path=records_file(records, "graceful")
     )

@@ -1,8 +1,10 @@
-"""One replica of the example server as a subprocess in its own process group: a pod.
+"""One replica of the example server (or of vLLM) as a subprocess in its own process group: a pod.
 
 The graceful side runs ``python -m graceful run examples.server:app`` (SIGTERM drains);
 the baseline runs plain ``python -m uvicorn examples.server:app`` with no preStop.
 Both serve the same app with the same engine settings, so only the exit differs.
+With ``--vllm`` both run ``vllm serve`` with the same model and arguments, the graceful
+side with ``--middleware graceful.GracefulMiddleware`` (examples/rollout/vllm.py).
 SIGTERM goes to the main process only (the kubelet signals the container's PID 1);
 SIGKILL goes to the whole group (the container dies with everything in it).
 """
@@ -22,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
+
+from .vllm import START_LIMIT, VLLM_ENV, VllmSetup
 
 __all__ = ["ROOT", "Kind", "Replica", "ReplicaSettings"]
 
@@ -47,8 +51,20 @@ class ReplicaSettings:
     ignore_term: bool = False
     handoff_streams: bool = False
     log_dir: str = field(default_factory=tempfile.gettempdir)
+    vllm: VllmSetup | None = None  # --vllm: replicas are vllm serve processes
+
+    @property
+    def startup_path(self) -> str:
+        """The startup probe: the middleware's /startup, or plain vLLM's /health (it serves once its engine is up)."""
+        return "/health" if self.vllm is not None and self.kind != "graceful" else "/startup"
+
+    @property
+    def start_limit(self) -> float:
+        return START_LIMIT if self.vllm is not None else 30.0
 
     def environment(self, name: str, socket_dir: str) -> dict[str, str]:
+        if self.vllm is not None:
+            return self._vllm_environment(name, socket_dir)
         env = {
             **os.environ,
             "POD_NAME": name,
@@ -74,7 +90,29 @@ class ReplicaSettings:
             env["GRACEFUL_DRAIN_ON_SIGTERM"] = "0"
         return env
 
+    def _vllm_environment(self, name: str, socket_dir: str) -> dict[str, str]:
+        """docs/vllm.md's recipe: graceful is configured by its environment variables only."""
+        env = {**os.environ, **VLLM_ENV, "POD_NAME": name}
+        env.pop("PYTHONPATH", None)  # the vLLM venv has graceful installed (editable) itself
+        if self.kind == "graceful":
+            env.update(
+                GRACEFUL_SOCKET_DIR=socket_dir,
+                GRACEFUL_GRACE_PERIOD=f"{self.grace_period:g}",
+                GRACEFUL_PROPAGATION_WAIT=f"{self.propagation_wait:g}",
+                GRACEFUL_ADMIT_DURING_PROPAGATION="1" if self.admit_during_propagation else "0",
+                # The kubelet's and Prometheus' reads of vLLM's own pages are never refused.
+                GRACEFUL_EXEMPT_PATHS="/health,/metrics",
+            )
+            if self.reserve is not None:
+                env["GRACEFUL_RESERVE"] = f"{self.reserve:g}"
+        return env
+
     def command(self, port: int, socket_dir: str) -> list[str]:
+        if self.vllm is not None:
+            argv = self.vllm.argv(port, graceful=self.kind == "graceful")
+            if self.ignore_term:
+                argv = [sys.executable, "-m", "examples.rollout.ignore_term", *argv]
+            return argv
         host = [
             "--host",
             "127.0.0.1",
@@ -108,6 +146,10 @@ class Replica:
 
     async def start(self) -> None:
         self.port = _free_port()
+        # vLLM: a process group of its own, but this session. With the kernel's autogroup
+        # scheduling a new session is a scheduling group of its own, and the CPU engine's
+        # busy-waiting then starved the demo's clients, hooks and balancer (tests/vllm/conftest.py).
+        group = {"process_group": 0} if self.settings.vllm is not None else {"start_new_session": True}
         with open(self.log_path, "ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 *self.settings.command(self.port, self.socket_dir),
@@ -116,14 +158,15 @@ class Replica:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                start_new_session=True,
+                **group,
             )
         self.started = time.monotonic()
 
-    async def wait_started(self, timeout: float = 30.0) -> None:
-        """Poll the startup probe (``/startup`` 200) as the kubelet does, every 100 ms."""
+    async def wait_started(self, timeout: float | None = None) -> None:
+        """Poll the startup probe (``/startup`` 200, plain vLLM's ``/health``) as the kubelet does, every 100 ms."""
+        timeout = self.settings.start_limit if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.port}/startup"
+        url = f"http://127.0.0.1:{self.port}{self.settings.startup_path}"
         async with httpx.AsyncClient(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 if self.returncode is not None:
@@ -183,7 +226,9 @@ class Replica:
                 await hook.wait()
 
     async def executions(self) -> dict[str, int] | None:
-        """The replica's execution count per idempotency key, or None when it cannot answer."""
+        """The replica's execution count per idempotency key, or None when it cannot answer (vLLM keeps none)."""
+        if self.settings.vllm is not None:
+            return None
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
                 response = await client.get(f"http://127.0.0.1:{self.port}/debug/executions")

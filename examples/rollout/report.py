@@ -133,9 +133,13 @@ def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
             broken.insert(0, f"ambiguous={reasons['ambiguous'] - graceful['reload_losses']} (not at a reload)")
     if options.scenario == "default" and options.retry == "sdk" and failed:
         broken.append(f"failed={failed} with --retry sdk")
-    lossless = options.admit_during_propagation or options.gateway_retry
+    # Inside vLLM graceful is the middleware only: it cannot see the server's connections, so it
+    # serves no extra request on a connection open at drain start after the propagation wait
+    # (graceful run's pinned connections) and refuses it with the not-started 503, as in refuse mode.
+    pinned = options.admit_during_propagation and not options.vllm
+    lossless = pinned or options.gateway_retry
     if lossless and options.scenario in ("default", "strict-clients") and failed:
-        mode = "admitting during propagation" if options.admit_during_propagation else "with --gateway-retry"
+        mode = "admitting during propagation" if pinned else "with --gateway-retry"
         broken.append(f"failed={failed} {mode}")
     if options.scenario == "strict-clients" and not lossless:
         other = failed - reasons["rejected_retryable"]
@@ -205,6 +209,7 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
         + (f", propagation quiet {options.propagation_quiet:g}s" if options.propagation_quiet is not None else "")
         + (", admit during propagation" if options.admit_during_propagation else ", refuse during propagation"),
         f"balancer: {graceful['balancer']}",
+        *(["replicas: vllm serve (CPU, the tiny random model of tests/vllm/make_model.py)"] if options.vllm else []),
         "",
     ]
     for r in rows:
@@ -223,6 +228,11 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
             )
     for side in sides:
         lines.extend(f"{side['kind']}: note: {note}" for note in side["notes"])
+    if options.vllm:
+        lines.append(
+            "note: vLLM keeps no execution count per idempotency key: duplicates are keys with two fresh 2xx answers; "
+            "answers are judged by their length (ignore_eos: finish_reason length with every token asked for)."
+        )
     l7 = options.balancer in L7_BALANCERS
     if not l7 and (graceful["connect_errors"] or (baseline and baseline["connect_errors"])):
         lines.append(

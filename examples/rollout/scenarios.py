@@ -19,8 +19,9 @@ from graceful.soak import RequestRecord, SoakConfig, SoakReport, run_soak
 from .balancer import L7_BALANCERS, Nginx, open_balancer
 from .replica import Kind, ReplicaSettings
 from .timeline import Plan, Rollout, Termination
+from .vllm import MODEL_NAME, VllmSetup, find_vllm, prepare
 
-__all__ = ["SCENARIOS", "Options", "SideResult", "records_file", "run_side"]
+__all__ = ["SCENARIOS", "VLLM_SCENARIOS", "Options", "SideResult", "records_file", "run_side"]
 
 SCENARIOS = (
     "default",
@@ -34,6 +35,8 @@ SCENARIOS = (
     "client-disconnect",
     "node-loss",
 )
+# What --vllm runs: the scenarios that need nothing of the example server but its API.
+VLLM_SCENARIOS = ("default", "strict-clients")
 Retry = Literal["none", "sdk"]
 
 
@@ -66,14 +69,21 @@ class Options:
     resume: bool = False  # clients send through graceful's resuming transport (graceful soak --resume)
     quick: bool = False
     seed: int | None = None
+    vllm: bool = False  # replicas are vllm serve processes (examples/rollout/vllm.py)
+    vllm_setup: VllmSetup | None = None  # their command and model, made once per run (``with_vllm_model``)
 
     @classmethod
-    def resolve(cls, *, scenario: str = "default", quick: bool = False, **given: Any) -> Options:
-        """Defaults, then the quick (CI) sizes, then the scenario, with what the user set winning over both."""
+    def resolve(cls, *, scenario: str = "default", quick: bool = False, vllm: bool = False, **given: Any) -> Options:
+        """Defaults, then the quick (CI) sizes, then vLLM's, then the scenario, with what the user set winning."""
         if scenario not in SCENARIOS:
             raise ConfigError(f"--scenario: {scenario!r} is not a scenario; use one of {', '.join(SCENARIOS)}")
+        if vllm and scenario not in VLLM_SCENARIOS:
+            raise ConfigError(
+                f"--vllm: --scenario {scenario} runs with the example server only; "
+                f"use --scenario {' or '.join(VLLM_SCENARIOS)} with --vllm, or drop --vllm"
+            )
         user = {key: value for key, value in given.items() if value is not None}
-        options = cls(scenario=scenario, quick=quick)
+        options = cls(scenario=scenario, quick=quick, vllm=vllm)
         if quick:
             options = replace(
                 options,
@@ -90,6 +100,24 @@ class Options:
                 warmup=1.0,
                 load_delay=0.3,
             )
+        if vllm:
+            find_vllm()  # a missing vLLM is a usage error, before anything starts
+            # Sized for two cores: every vLLM engine busy-waits on core 0 (vllm.VLLM_ENV) and a
+            # replica takes 25 to 90 s to start. One stream runs at about 400 tokens/s alone and
+            # slower beside others and beside a starting replica: 100 tokens/s sizes the timeouts.
+            options = replace(
+                options,
+                replicas=1 if quick else 2,
+                updates=1,
+                concurrency=6 if quick else 12,
+                tokens_per_second=100.0,
+                short_tokens=8,
+                long_tokens=256,
+                stream_tokens=(256, 1024) if quick else (256, 1024, 4096),
+            )
+            if quick:
+                # The drain waits for 1024-token streams (about 10 s at worst); vLLM's exit takes 2 to 3 s.
+                options = replace(options, grace_period=30.0, reserve=5.0)
         options = replace(options, **user)
         if scenario == "strict-clients" and "retry" not in user:
             options = replace(options, retry="none")
@@ -152,6 +180,15 @@ class Options:
                 f"use --balancer {' or --balancer '.join(L7_BALANCERS)}"
             )
 
+    def with_vllm_model(self) -> Options:
+        """With --vllm: the command and the model (made once, in seconds; cached under .vllm/).
+
+        Raises RuntimeError when the model cannot be made.
+        """
+        if not self.vllm or self.vllm_setup is not None:
+            return self
+        return replace(self, vllm_setup=prepare(find_vllm()))
+
     @property
     def longest_stream(self) -> float:
         return max(self.stream_tokens) / self.tokens_per_second
@@ -169,6 +206,7 @@ class Options:
             ignore_term=self.scenario == "ignore-term",
             handoff_streams=self.handoff_streams,
             log_dir=log_dir,
+            vllm=self.vllm_setup,
         )
 
     def plan(self, kind: Kind) -> Plan:
@@ -189,6 +227,9 @@ class Options:
         per_stream = max(1, (self.concurrency - plain) // streams)
         timeout = self.longest_stream * 2 + 15
         common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout, "resume": self.resume}
+        if self.vllm:
+            # The model's text is unknown: ask for exact lengths and judge answers by them.
+            common.update(model=MODEL_NAME, exact_length=True)
         if self.resume:
             # A stream longer than the rollout's step may meet several deletions, each handing it
             # off once (a replica refuses continuations once it hands off): one resume per deletion.
@@ -245,6 +286,8 @@ async def run_side(
     records_path: str | None = None,
 ) -> SideResult:
     """Start the replicas and the balancer, run traffic through ``updates`` rolling updates, stop everything."""
+    if options.vllm and options.vllm_setup is None:
+        options = await anyio.to_thread.run_sync(options.with_vllm_model)
     slots = options.replicas * (options.updates + 1) + 2
     async with open_balancer(options.balancer, slots=slots, gateway_retry=options.gateway_retry) as balancer:
         rollout = Rollout(balancer, options.settings(kind, log_dir), options.plan(kind), log=log)
@@ -283,7 +326,8 @@ async def run_side(
             finally:
                 if sink is not None:
                     sink.close()
-            executions, lost = await _executions(rollout)
+            # vLLM keeps no execution counts: duplicates come from the answers alone.
+            executions, lost = (None, 0) if options.vllm else await _executions(rollout)
         finally:
             await rollout.close()
         notes = []

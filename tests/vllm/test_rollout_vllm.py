@@ -1,0 +1,63 @@
+"""The rollout demo with real vLLM replicas: ``python -m examples.rollout --vllm --quick``.
+
+Both sides run ``vllm serve`` with the model the vLLM tests make (tests/vllm/conftest.py's
+cache, which the demo shares); the graceful side loads ``graceful.GracefulMiddleware`` and
+runs the preStop ``graceful drain``. Skipped without a vLLM, as every test here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.utils import ROOT
+from tests.vllm.conftest import VLLM
+
+# Four vLLM starts (25 to 90 s each on two cores) and two rollouts: about 3 minutes here.
+LIMIT = 720.0
+pytestmark = pytest.mark.timeout(LIMIT + 120)
+
+
+def test_quick_rollout_with_vllm_replicas_keeps_the_promise(model_dir: str, tmp_path: Path) -> None:
+    """1. the quick demo with --vllm: baseline (plain vllm serve, no preStop) then graceful
+       (vllm serve --middleware graceful.GracefulMiddleware, preStop graceful drain), same traffic
+    2. it exits 0: the graceful side kept its promise
+    3. the graceful side: streams and short requests served, no ambiguous, truncated, timed-out or
+       failed request, every answer of the length asked for, the drain ended "drained", no SIGKILL
+    4. the baseline ran through the same rollout"""
+    report = tmp_path / "report.json"
+    env = {**os.environ, "GRACEFUL_VLLM": VLLM}
+    argv = [sys.executable, "-m", "examples.rollout", "--vllm", "--quick", "--seed", "3", "--report", str(report)]
+    with open(tmp_path / "demo.log", "wb") as log:
+        demo = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            code = demo.wait(LIMIT)
+        except subprocess.TimeoutExpired:
+            # Ctrl-C: the demo stops every replica and the balancer before it exits.
+            demo.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                demo.wait(60)
+            demo.kill()
+            demo.wait()
+            raise AssertionError(f"the demo ran past {LIMIT:g}s:\n{(tmp_path / 'demo.log').read_text()[-4000:]}")
+    output = (tmp_path / "demo.log").read_text()
+    assert code == 0, output[-4000:]
+    assert "graceful: kept its promise for default." in output
+    assert model_dir in output  # the demo served the tests' model, made once
+    result = json.loads(report.read_text())
+    grace, base = result["graceful"], result["baseline"]
+    assert result["broken"] == []
+    assert grace["requests"] > 50 and grace["streams"] > 0 and grace["by_reason"]["ok"] > 0
+    for reason in ("ambiguous", "truncated", "timeout", "http_error"):
+        assert grace["by_reason"][reason] == 0, (reason, grace)
+    assert grace["duplicates"] == 0 and grace["sigkills"] == 0
+    assert grace["deletions"] == 1 and grace["prestop_codes"] == [0]
+    assert grace["exit_max"] < grace["grace_period"]
+    assert base["deletions"] == 1 and base["prestop_codes"] == [] and base["requests"] > 0
