@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -146,10 +146,6 @@ class Replica:
 
     async def start(self) -> None:
         self.port = _free_port()
-        # vLLM: a process group of its own, but this session. With the kernel's autogroup
-        # scheduling a new session is a scheduling group of its own, and the CPU engine's
-        # busy-waiting then starved the demo's clients, hooks and balancer (tests/vllm/conftest.py).
-        group = {"process_group": 0} if self.settings.vllm is not None else {"start_new_session": True}
         with open(self.log_path, "ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 *self.settings.command(self.port, self.socket_dir),
@@ -158,7 +154,7 @@ class Replica:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                **group,
+                **self._group(),
             )
         self.started = time.monotonic()
 
@@ -176,6 +172,16 @@ class Replica:
                         return
                 await asyncio.sleep(0.1)
         raise RuntimeError(f"replica {self.name} failed its startup probe for {timeout:g}s; see {self.log_path}")
+
+    def _group(self) -> dict[str, Any]:
+        """A process group of its own; with vLLM in this session, without: a new session.
+
+        With the kernel's autogroup scheduling a session is a scheduling group of its own.
+        Beside busy-waiting CPU vLLM engines a process in a new session waited seconds for
+        the CPU (the preStop hook reached its replica up to 11 s late; tests/vllm/conftest.py
+        saw the same), one in this session does not.
+        """
+        return {"process_group": 0} if self.settings.vllm is not None else {"start_new_session": True}
 
     @property
     def returncode(self) -> int | None:
@@ -212,7 +218,7 @@ class Replica:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
-                start_new_session=True,
+                **self._group(),
             )
         try:
             out, _ = await hook.communicate()
