@@ -11,10 +11,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from benchmarks.inprocess import PassThrough
 from graceful import GracefulMiddleware
-from graceful._types import Receive, Scope, Send
+from graceful._asgi._types import Receive, Scope, Send
 
-__all__ = ["FRAMES", "bare", "holder", "metrics_page", "wrapped"]
+__all__ = ["FRAMES", "bare", "floor", "holder", "metrics_page", "wrapped"]
 
 FRAMES = 20
 _BODY = b'{"id":"cmpl-1","object":"chat.completion","choices":[{"message":{"content":"ok"}}]}'
@@ -41,6 +42,8 @@ def _app() -> Starlette:
 bare = _app()
 # Metrics on (a private registry), no admin socket: the hot path is what is measured.
 wrapped = GracefulMiddleware(_app(), registry=CollectorRegistry(), admin=False)
+# The pass-through floor of benchmarks.inprocess (wrap send, forward): what any wrapper costs.
+floor = PassThrough(_app())
 
 
 async def holder(scope: Scope, receive: Receive, send: Send) -> None:

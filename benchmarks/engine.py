@@ -30,7 +30,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._common import machine, median, table, verdict
-from graceful._engine import PRESETS, read_metrics
+from graceful._engine._page import read_metrics
+from graceful._engine._presets import PRESETS
 
 __all__ = ["NAMES", "main", "plain_parse", "read_metrics", "vllm_page"]
 

@@ -27,7 +27,7 @@ from benchmarks._common import machine, median, percentile, table, verdict
 from benchmarks._live import HeldStream, Server, get, graceful_run, wait_for
 from benchmarks.inprocess import SCOPE, receive, sink
 from graceful import GracefulMiddleware
-from graceful._types import Receive, Scope, Send
+from graceful._asgi._types import Receive, Scope, Send
 
 POLL = 1.0
 

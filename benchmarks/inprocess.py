@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from benchmarks._common import machine, median, table, verdict
 from graceful import GracefulMiddleware
-from graceful._types import ASGIApp, Message, Receive, Scope, Send
+from graceful._asgi._types import ASGIApp, Message, Receive, Scope, Send
 
 # The headers a uvicorn scope typically carries for an OpenAI-style POST.
 SCOPE: dict[str, Any] = {

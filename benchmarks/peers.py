@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry
 from benchmarks._common import machine, median, table
 from benchmarks.inprocess import BARE, BASEHTTP, FLOOR, GRACEFUL, SCOPE, make_app, receive, sink
 from benchmarks.inprocess import VARIANTS as OURS
-from graceful._types import ASGIApp
+from graceful._asgi._types import ASGIApp
 
 PEER_PACKAGES = {
     "starlette_exporter": "starlette-exporter",

@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry
 from benchmarks._common import machine, median, table, verdict
 from benchmarks.inprocess import SCOPE, PassThrough, receive, sink
 from graceful import GracefulMiddleware
-from graceful._admin_server import AdminServer
-from graceful._paths import socket_path
-from graceful._types import ASGIApp, Receive, Scope, Send
+from graceful._admin._paths import socket_path
+from graceful._admin._server import AdminServer
+from graceful._asgi._types import ASGIApp, Receive, Scope, Send
 
 FRAME = b'data: {"choices":[{"delta":{"content":"tok"}}]}\n\n'
 

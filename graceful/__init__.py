@@ -13,13 +13,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._budget import Budget, ConfigError, parse_duration
-    from ._frames import default_final_frame
-    from ._ledger import NotAccepting
-    from ._middleware import GracefulMiddleware
-    from ._resume import AsyncResumingTransport, ResumingTransport
-    from ._state import Drain
-    from ._status import DrainResult, DrainStatus, State
+    from ._asgi._frames import default_final_frame
+    from ._asgi._middleware import GracefulMiddleware
+    from ._drain._budget import Budget, ConfigError, parse_duration
+    from ._drain._ledger import NotAccepting
+    from ._drain._state import Drain
+    from ._drain._status import DrainResult, DrainStatus, State
+    from ._resume._transport import AsyncResumingTransport, ResumingTransport
 
 __version__ = "0.1.0"
 
@@ -39,18 +39,18 @@ __all__ = [
 ]
 
 _HOMES = {
-    "Budget": "._budget",
-    "ConfigError": "._budget",
-    "parse_duration": "._budget",
-    "default_final_frame": "._frames",
-    "GracefulMiddleware": "._middleware",
-    "ResumingTransport": "._resume",
-    "AsyncResumingTransport": "._resume",
-    "Drain": "._state",
-    "DrainResult": "._status",
-    "DrainStatus": "._status",
-    "NotAccepting": "._ledger",
-    "State": "._status",
+    "Budget": "._drain._budget",
+    "ConfigError": "._drain._budget",
+    "parse_duration": "._drain._budget",
+    "default_final_frame": "._asgi._frames",
+    "GracefulMiddleware": "._asgi._middleware",
+    "ResumingTransport": "._resume._transport",
+    "AsyncResumingTransport": "._resume._transport",
+    "Drain": "._drain._state",
+    "DrainResult": "._drain._status",
+    "DrainStatus": "._drain._status",
+    "NotAccepting": "._drain._ledger",
+    "State": "._drain._status",
 }
 
 

@@ -1,3 +1,3 @@
-from ._console import console_main
+from ._cli._console import console_main
 
 console_main()

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from ._cli import cli, drain_command, main
-from ._cli_soak import soak_command
+from ._cli._main import cli, drain_command, main
+from ._cli._soak import soak_command
 
 __all__ = ["cli", "drain_command", "main", "soak_command"]

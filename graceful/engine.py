@@ -5,17 +5,10 @@ waiting requests read zero on consecutive reads, within ``min(timeout, 70% of th
 grace period)``. It is what ``graceful drain --engine`` runs in a preStop hook.
 """
 
-from ._engine import (
-    MAX_KV_BUFFER,
-    PRESETS,
-    EngineConfig,
-    EngineDrainResult,
-    EnginePreset,
-    EngineProgress,
-    effective_wait,
-    read_metrics,
-    wait_idle,
-)
+from ._engine._config import MAX_KV_BUFFER, EngineConfig, EngineDrainResult, EngineProgress, effective_wait
+from ._engine._page import read_metrics
+from ._engine._presets import PRESETS, EnginePreset
+from ._engine._wait import wait_idle
 
 __all__ = [
     "MAX_KV_BUFFER",

@@ -3,7 +3,7 @@
 The click command itself is ``graceful.cli.soak_command``.
 """
 
-from ._soak import SoakConfig, run_soak
-from ._soak_report import Attempt, RequestRecord, SoakReport
+from ._soak._report import Attempt, RequestRecord, SoakReport
+from ._soak._runner import SoakConfig, run_soak
 
 __all__ = ["Attempt", "RequestRecord", "SoakConfig", "SoakReport", "run_soak"]

@@ -7,13 +7,15 @@ work against the current code and report every figure against its target.
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import shutil
 from typing import Any
 
 import pytest
 
 from benchmarks import drain_reaction, e2e, engine, idle_return, inprocess, peers, scale
-from graceful._types import Message
+from graceful._asgi._types import Message
 
 
 def _tables(out: str) -> list[str]:
@@ -67,11 +69,21 @@ def test_idle_return(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="e2e pins the server and wrk to 2 CPUs")
 def test_e2e(capsys: pytest.CaptureFixture[str]) -> None:
     e2e.main(["--rounds", "1", "--duration", "1", "--paths", "short"])
     out = capsys.readouterr().out
-    assert len(_tables(out)) == 3  # header, rule, one path
-    assert "| short |" in out
+    assert len(_tables(out)) == 6  # two tables: header, rule, one path
+    assert out.count("| short |") == 2
+    assert "no interval below 6 rounds" in out
+
+
+def test_e2e_interval() -> None:
+    """The sign-test interval for a median: the k-th lowest to the k-th highest, coverage >= 95%."""
+    assert e2e.sign_rank(5) is None  # 1 - 2 / 2**5 = 93.75%
+    assert e2e.sign_rank(6) == (1, 1 - 2 / 2**6)
+    assert e2e.sign_rank(20) == (6, 1 - 2 * sum(math.comb(20, i) for i in range(6)) / 2**20)
+    assert e2e.median_interval([float(i) for i in range(20, 0, -1)]) == (6.0, 15.0)
 
 
 def test_instructions_child_runs_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -234,10 +234,10 @@ def test_multiprocess_metrics_aggregate_across_workers(socket_dir: str, launch: 
 
 @pytest.mark.parametrize("name", ["hypercorn-asyncio", "hypercorn-trio", "granian", "gunicorn"])
 def test_refusal_of_a_large_post_arrives_on_every_server(name: str, launch: Callable[..., Launched]) -> None:
-    """The refusal-body rule under the other servers (uvicorn: tests/test_refusal_body.py): after a
+    """The refusal-body rule under the other servers (uvicorn: tests/asgi/test_refusal_body.py): after a
     drain, 20 POSTs of 1 MB and 20 of 8 MiB (under the 16 MiB limit) from a raw socket each get a
     complete 503, no reset."""
-    from .test_refusal_body import post
+    from tests.asgi.test_refusal_body import post
 
     server = launch(server=name, app="tests.apps.compat:app")
     server.wait_ready(sockets=workers_of(name))

@@ -64,8 +64,8 @@ def test_soak_exports_library_names_only() -> None:
 
 def test_soak_loads_only_when_asked_for() -> None:
     code = (
-        "import sys, graceful._cli as c; before = 'graceful._soak' in sys.modules; "
-        "c.main(['soak', '--help']); print(before, 'graceful._cli_soak' in sys.modules)"
+        "import sys, graceful._cli._main as c; before = 'graceful._soak._runner' in sys.modules; "
+        "c.main(['soak', '--help']); print(before, 'graceful._cli._soak' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "Send short, long and streaming requests" in out
@@ -73,6 +73,9 @@ def test_soak_loads_only_when_asked_for() -> None:
 
 
 def test_the_drain_command_does_not_import_the_middleware() -> None:
-    code = "import sys, graceful._cli; print('graceful._middleware' in sys.modules, 'prometheus_client' in sys.modules)"
+    code = (
+        "import sys, graceful._cli._main; "
+        "print('graceful._asgi._middleware' in sys.modules, 'prometheus_client' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -31,7 +31,7 @@ from examples.rollout.balancer import open_balancer
 from examples.rollout.haproxy import find_haproxy
 from examples.rollout.nginx import Nginx, find_nginx, lua_modules
 from graceful import GracefulMiddleware
-from graceful._types import Message, Receive, Scope, Send
+from graceful._asgi._types import Message, Receive, Scope, Send
 from tests.servers import Launched
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(40)]

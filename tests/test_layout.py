@@ -1,6 +1,16 @@
-"""The package's shape: no import cycles, and no module reaching into another's private names.
+"""The package's shape: which private package may import which, no cycles, and no reaching into
+another module's private names.
 
-Both rules read the source with ``ast``, so imports under ``TYPE_CHECKING`` and imports
+The library is one public face (``graceful``, ``graceful.engine``, ``graceful.soak``,
+``graceful.cli``) over private packages, one per part of the architecture (docs/architecture.md):
+
+    _cli  ->  _serve  ->  _asgi  ->  _admin  ->  _drain
+      |                                 ^           ^
+      +------> _engine -----------------|-----------+
+      +------> _soak ----> _resume      |
+      +---------------------------------+
+
+Every rule reads the source with ``ast``, so imports under ``TYPE_CHECKING`` and imports
 inside functions count as much as top-level ones.
 """
 
@@ -12,36 +22,92 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "graceful"
 
+# Which private package may import which (besides itself). The public modules may import any.
+ALLOWED: dict[str, set[str]] = {
+    "_drain": set(),
+    "_resume": set(),
+    "_admin": {"_drain"},
+    "_engine": {"_drain"},
+    "_soak": {"_drain", "_resume"},
+    "_asgi": {"_drain", "_admin"},
+    "_serve": {"_asgi", "_admin", "_drain"},
+    "_cli": {"_admin", "_drain", "_engine", "_soak", "_serve"},
+}
+PUBLIC = {"__init__", "__main__", "cli", "engine", "soak"}
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    """``_drain._state`` for graceful/_drain/_state.py, ``_drain`` for its __init__, ``engine`` for
+    graceful/engine.py."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
 
 def modules() -> dict[str, ast.Module]:
-    return {path.stem: ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.glob("*.py"))}
+    return {module_name(path): ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imported(tree: ast.Module) -> Iterator[str]:
-    """The graceful modules one module imports, at any place in it."""
+def package_of(module: str) -> str:
+    head = module.split(".")[0]
+    return "public" if head in PUBLIC else head
+
+
+def is_package(module: str) -> bool:
+    return (PACKAGE / module.replace(".", "/") / "__init__.py").exists()
+
+
+def imported(name: str, tree: ast.Module) -> Iterator[tuple[str, list[str], int]]:
+    """(graceful module, names imported from it, line) for every graceful import of one module."""
+    here = name.split(".") if is_package(name) else name.split(".")[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                yield node.module.split(".")[0]
-            elif node.level == 1 or node.module == "graceful":
-                yield from (alias.name for alias in node.names)
-            elif node.module and node.module.startswith("graceful."):
-                yield node.module.split(".")[1]
+            if node.level:
+                base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            elif node.module == "graceful" or (node.module or "").startswith("graceful."):
+                target = (node.module or "").removeprefix("graceful").lstrip(".")
+            else:
+                continue
+            yield target or "__init__", [alias.name for alias in node.names], node.lineno
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("graceful."):
-                    yield alias.name.split(".")[1]
+                    yield alias.name.removeprefix("graceful."), [], node.lineno
 
 
 def import_graph() -> dict[str, set[str]]:
     trees = modules()
     return {
-        name: {other for other in imported(tree) if other in trees and other != name} for name, tree in trees.items()
+        name: {target for target, _, _ in imported(name, tree) if target in trees and target != name}
+        for name, tree in trees.items()
     }
 
 
+def package_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {
+        (package_of(name), package_of(other))
+        for name, others in graph.items()
+        for other in others
+        if package_of(name) != package_of(other)
+    }
+
+
+def forbidden_arrows(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{name} -> {other}"
+        for name, others in graph.items()
+        for other in others
+        if package_of(name) != "public"
+        and package_of(other) != package_of(name)
+        and package_of(other) not in ALLOWED[package_of(name)]
+    )
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every strongly connected group of more than one module (Tarjan's algorithm)."""
+    """Every strongly connected group of more than one node (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -50,7 +116,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     def visit(node: str) -> None:
         index[node] = low[node] = len(index)
         stack.append(node)
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, ())):
             if nxt not in index:
                 visit(nxt)
                 low[node] = min(low[node], low[nxt])
@@ -72,22 +138,50 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycle() -> None:
+def test_every_private_package_is_known_and_says_what_it_holds() -> None:
+    trees = modules()
+    packages = {name for name in trees if is_package(name)} - {"__init__"}
+    assert packages == set(ALLOWED)
+    for package in packages:
+        docstring = ast.get_docstring(trees[package])
+        assert docstring is not None and ("May import" in docstring or "Imports no other" in docstring), package
+        # Package __init__ files import nothing: the preStop hook loads three of them.
+        body = trees[package].body
+        assert [type(node) for node in body] == [ast.Expr], f"{package}/__init__.py holds more than its docstring"
+
+
+def test_packages_import_only_what_they_may() -> None:
+    assert forbidden_arrows(import_graph()) == []
+
+
+def test_no_import_cycle_between_modules_or_packages() -> None:
     graph = import_graph()
     # The package's __init__ re-exports lazily by name; the modules must not import it back.
-    assert not [name for name, deps in graph.items() if "__init__" in deps or "graceful" in deps]
+    assert not [name for name, deps in graph.items() if "__init__" in deps]
     assert cycles(graph) == []
+    arrows = package_arrows(graph)
+    assert cycles({package: {b for a, b in arrows if a == package} for package in {*ALLOWED, "public"}}) == []
 
 
-def test_cycle_finder_finds_a_cycle() -> None:
-    graph = {"_a": {"_b"}, "_b": {"_c"}, "_c": {"_a"}, "_d": {"_a"}}
-    assert cycles(graph) == [["_a", "_b", "_c"]]
+def test_a_forbidden_arrow_is_detected() -> None:
+    graph = {"_drain._state": {"_asgi._middleware"}, "_asgi._middleware": {"_drain._state"}}
+    assert forbidden_arrows(graph) == ["_drain._state -> _asgi._middleware"]
+    assert cycles(graph) == [["_asgi._middleware", "_drain._state"]]
 
 
 def test_helpers_do_not_import_the_middleware() -> None:
     graph = import_graph()
-    for helper in ("_http", "_websocket", "_lifespan"):
-        assert "_middleware" not in graph[helper], helper
+    for helper in ("_asgi._http", "_asgi._websocket", "_asgi._lifespan"):
+        assert "_asgi._middleware" not in graph[helper], helper
+
+
+def test_no_module_is_longer_than_about_400_lines() -> None:
+    long = {
+        module_name(path): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
 
 
 def private_names(tree: ast.Module) -> set[str]:
@@ -107,7 +201,8 @@ def private_names(tree: ast.Module) -> set[str]:
 
 
 def foreign_private_reads(trees: dict[str, ast.Module]) -> list[str]:
-    """``x._name`` where ``_name`` is defined by another graceful module and not by this one."""
+    """``x._name`` where ``_name`` is defined by another graceful module and not by this one, and
+    ``from ... import _name`` of another module's private name."""
     own = {name: private_names(tree) for name, tree in trees.items()}
     everyone = set().union(*own.values())
     found = []
@@ -116,7 +211,12 @@ def foreign_private_reads(trees: dict[str, ast.Module]) -> list[str]:
             if isinstance(node, ast.Attribute):
                 attr = node.attr
                 if attr.startswith("_") and not attr.startswith("__") and attr in everyone and attr not in own[name]:
-                    found.append(f"{name}.py:{node.lineno}: .{attr}")
+                    found.append(f"{name}:{node.lineno}: .{attr}")
+        for target, names, line in imported(name, tree):
+            for imported_name in names:
+                if imported_name.startswith("_") and not imported_name.startswith("__") and target in trees:
+                    if imported_name in own.get(target, set()):
+                        found.append(f"{name}:{line}: import {imported_name} from {target}")
     return found
 
 
@@ -125,7 +225,14 @@ def test_no_module_reaches_into_another_modules_private_names() -> None:
 
 
 def test_private_reach_is_detected() -> None:
-    owner = ast.parse("class Drain:\n    def __init__(self):\n        self._work = {}\n")
-    reader = ast.parse("def count(drain):\n    drain._work[1] = None\n    return len(drain._work)\n")
-    found = foreign_private_reads({"_state": owner, "_metrics": reader})
-    assert sorted(found) == ["_metrics.py:2: ._work", "_metrics.py:3: ._work"]
+    owner = ast.parse("class Drain:\n    def __init__(self):\n        self._work = {}\n\ndef _helper():\n    pass\n")
+    reader = ast.parse(
+        "from .._drain._state import _helper\n\n"
+        "def count(drain):\n    drain._work[1] = None\n    return len(drain._work)\n"
+    )
+    found = foreign_private_reads({"_drain._state": owner, "_asgi._metrics": reader})
+    assert sorted(found) == [
+        "_asgi._metrics:1: import _helper from _drain._state",
+        "_asgi._metrics:4: ._work",
+        "_asgi._metrics:5: ._work",
+    ]

@@ -15,8 +15,8 @@ import yaml  # type: ignore[import-untyped]
 
 from examples.server import Config, create_app
 from graceful import Budget, parse_duration
-from graceful._environ import from_environ
-from graceful._middleware import DEFAULTS
+from graceful._asgi._middleware import DEFAULTS
+from graceful._drain._environ import from_environ
 
 pytestmark = pytest.mark.anyio
 

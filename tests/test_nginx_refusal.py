@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_refusal_body import refusing_server
+from tests.asgi.test_refusal_body import refusing_server
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx)")

@@ -210,7 +210,7 @@ async def test_quick_rollout_graceful_loses_nothing() -> None:
 def test_losses_at_an_nginx_reload_are_told_apart() -> None:
     """A request lost without a response header while a reload's old workers exit counts as a
     reload loss; one lost later, or one that had its headers, does not; the promise is judged on the rest."""
-    from graceful._soak_report import Attempt, RequestRecord, SoakReport
+    from graceful._soak._report import Attempt, RequestRecord, SoakReport
 
     def record(reason: str, end: float, *, headers: bool = False) -> RequestRecord:
         attempt = Attempt(reason=reason, start=end - 0.01, end=end, headers=headers)
@@ -311,7 +311,7 @@ def test_vllm_strict_clients_promise_is_refuse_modes() -> None:
     """Inside vLLM graceful is the middleware only, with no pinned connections: strict clients
     may meet explicit not-started 503s (a connection open at drain start, after the propagation
     wait), as in refuse mode; any other failure still breaks the promise."""
-    from graceful._soak_report import Attempt, RequestRecord, SoakReport
+    from graceful._soak._report import Attempt, RequestRecord, SoakReport
 
     def side(*reasons: str) -> SideResult:
         records = []

@@ -106,7 +106,7 @@ def rollout_command(
     try:
         options = Options.resolve(scenario=scenario, quick=quick, vllm=vllm, **given)
         if plot is not None:
-            from graceful._soak_report import check_plotting
+            from graceful._soak._report import check_plotting
 
             check_plotting()
     except ConfigError as exc:
@@ -134,7 +134,7 @@ def rollout_command(
         with open(report, "w", encoding="utf-8") as out:
             json.dump({"scenario": scenario, "baseline": base, "graceful": grace, "broken": broken}, out, indent=2)
     if plot is not None:
-        from graceful._soak_report import write_plot
+        from graceful._soak._report import write_plot
 
         write_plot(graceful.report, plot)
         if baseline is not None:

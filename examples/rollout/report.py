@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graceful._soak_report import LOSSES, REASONS, RESUME_REASONS
+from graceful._soak._report import LOSSES, REASONS, RESUME_REASONS
 
 from .balancer import L7_BALANCERS
 from .scenarios import Options, SideResult

@@ -24,7 +24,7 @@ def _graceful_cli() -> ModuleType | None:
     try:
         return importlib.import_module("graceful.cli")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("graceful.cli", "graceful._cli"):
+        if exc.name not in ("graceful.cli", "graceful._cli._main"):
             raise
         return None
 

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from graceful._frames import default_final_frame
+from graceful._asgi._frames import default_final_frame
 
 Mode = Literal[
     "ok",  # a complete answer

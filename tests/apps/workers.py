@@ -122,7 +122,7 @@ def main() -> None:
     import resource
 
     from graceful import Drain
-    from graceful._admin_server import AdminServer
+    from graceful._admin._server import AdminServer
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
     headroom = int(sys.argv[1])

@@ -1,0 +1,8 @@
+"""The admin protocol over a private Unix socket: its two ends and where the sockets live.
+
+``_server`` (the listener each worker runs in its lifespan), ``_client`` (what ``graceful
+drain``, ``status`` and ``resume`` use) and ``_paths`` (socket paths, shared by both ends).
+
+May import ``_drain``. ``_client`` and ``_paths`` are on the preStop hook's path: they import
+nothing heavy.
+"""

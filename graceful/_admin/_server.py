@@ -1,0 +1,368 @@
+"""The server end of the admin protocol; ``_admin_client`` is its client end.
+
+HTTP/1.1 over a private Unix socket, one per worker process.
+
+It is started by the middleware's lifespan and so runs under any ASGI server that
+runs lifespan. There is deliberately no TCP variant: draining a pod is a local,
+privileged act (the preStop hook runs inside the container).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import stat
+import time
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import anyio
+import anyio.abc
+import h11
+
+from .._drain._budget import ConfigError, parse_duration
+from .._drain._state import Drain
+from ._paths import default_socket_dir, socket_path
+
+__all__ = ["AdminServer", "is_listening", "prepare_socket_dir", "remove_stale"]
+
+logger = logging.getLogger("graceful")
+
+MAX_REQUEST = 64 * 1024
+_NDJSON = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-store")]
+_ROUTES = {"/status": b"GET", "/drain": b"POST", "/resume": b"POST"}
+
+
+def prepare_socket_dir(socket_dir: str, *, group: bool = False) -> None:
+    """Create the directory private to this user (0700, or 0750 for group access), or refuse it."""
+    mode = 0o750 if group else 0o700
+    try:
+        os.makedirs(socket_dir, mode=mode, exist_ok=True)
+        info = os.lstat(socket_dir)
+    except OSError as exc:
+        raise ConfigError(f"socket dir {socket_dir!r}: {exc.strerror}; choose a writable --socket-dir") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"socket dir {socket_dir!r} is not a directory; choose another --socket-dir")
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"socket dir {socket_dir!r} belongs to uid {info.st_uid}, not to this user ({os.getuid()}); "
+            "choose a --socket-dir of your own"
+        )
+    if stat.S_IMODE(info.st_mode) != mode:
+        os.chmod(socket_dir, mode)
+
+
+def is_listening(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+        return True
+
+
+def _pid_alive(name: str) -> bool:
+    """Whether the process a ``<pid>.sock`` is named after still runs (and is not us)."""
+    try:
+        pid = int(name[: -len(".sock")])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_stale(socket_dir: str) -> list[str]:
+    """Delete ``*.sock`` files left by a process that is gone; return them.
+
+    Nothing listening is not enough: a sibling worker that has bound its socket but not
+    yet called listen() refuses connections too, so the named process must be gone.
+    """
+    removed = []
+    for name in os.listdir(socket_dir):
+        path = os.path.join(socket_dir, name)
+        if (
+            name.endswith(".sock")
+            and stat.S_ISSOCK(os.lstat(path).st_mode)
+            and not _pid_alive(name)
+            and not is_listening(path)
+        ):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # another worker removed it first
+                continue
+            removed.append(path)
+    return removed
+
+
+class AdminServer:
+    """Serves ``GET /status``, ``POST /drain`` and ``POST /resume`` for one :class:`Drain`.
+
+    Each connection carries one request and is closed after the answer. A misbehaving
+    client only ever costs its own connection: every error is contained here.
+    """
+
+    def __init__(
+        self,
+        drain: Drain,
+        *,
+        socket_dir: str | None = None,
+        socket_mode: int = 0o600,
+        max_connections: int = 64,
+        request_timeout: float = 5.0,
+        write_timeout: float = 5.0,
+    ) -> None:
+        if socket_mode not in (0o600, 0o660):
+            raise ConfigError(f"socket_mode {socket_mode:#o} is not allowed; use 0o600 (default) or 0o660 (group)")
+        self.drain = drain
+        self.socket_dir = socket_dir or default_socket_dir()
+        self.socket_mode = socket_mode
+        self.path = ""
+        self._identity = 0
+        self.request_timeout = request_timeout
+        self.write_timeout = write_timeout
+        self._slots = anyio.Semaphore(max_connections)
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        # The file-system calls run in a worker thread: an app's own tests may check that
+        # nothing blocks its event loop (Starlette's suite runs under blockbuster).
+        try:
+            path = await anyio.to_thread.run_sync(self._prepare)
+            listener = await anyio.create_unix_listener(path, mode=self.socket_mode)
+        except ConfigError as exc:
+            logger.error("admin listener not started: %s", exc)
+            raise
+        self.path = path
+        self._identity = await anyio.to_thread.run_sync(lambda: os.stat(path).st_ino)
+        logger.info("admin listener on %s", path)
+        try:
+            async with listener, anyio.create_task_group() as tg:
+                task_status.started()
+                while True:
+                    try:
+                        stream = await listener.accept()
+                    except (OSError, anyio.BrokenResourceError) as exc:  # EMFILE and friends (anyio wraps them)
+                        logger.warning("admin listener accept failed: %s", exc.__cause__ or exc)
+                        await anyio.sleep(0.1)
+                        continue
+                    tg.start_soon(self._connection, stream, tg)
+        finally:
+            # Lifespan shutdown stops us before it tells the server (see _lifespan), so the name is
+            # gone before a server that re-raises SIGTERM (plain uvicorn) ends the process.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._unlink)
+
+    def _prepare(self) -> str:
+        path = socket_path(self.socket_dir, os.getpid())
+        prepare_socket_dir(self.socket_dir, group=self.socket_mode == 0o660)
+        for stale in remove_stale(self.socket_dir):
+            logger.info("removed stale admin socket %s", stale)
+        if os.path.exists(path) and is_listening(path):
+            raise ConfigError(f"admin socket {path!r} is in use by another process; use another --socket-dir")
+        return path
+
+    def _unlink(self) -> None:
+        # Only remove the file if it is still ours (a successor may have replaced it).
+        if not self.path:
+            return
+        try:
+            if os.stat(self.path).st_ino == self._identity:
+                os.unlink(self.path)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                logger.warning("could not remove admin socket %s: %s", self.path, exc)
+
+    async def _connection(self, stream: anyio.abc.ByteStream, tg: anyio.abc.TaskGroup) -> None:
+        async with stream:
+            if self._slots.value == 0:
+                logger.warning("admin listener: too many connections; closing a new one")
+                return
+            async with self._slots:
+                try:
+                    await _Exchange(self, stream, tg).run()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, h11.ProtocolError, OSError, TimeoutError):
+                    pass
+                except Exception:  # the inference server must never feel an admin client
+                    logger.exception("admin request failed")
+
+
+class _Exchange:
+    """One request and its answer on one connection."""
+
+    def __init__(self, server: AdminServer, stream: anyio.abc.ByteStream, tg: anyio.abc.TaskGroup) -> None:
+        self.server = server
+        self.drain = server.drain
+        self.stream = stream
+        self.tg = tg
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST)
+
+    async def run(self) -> None:
+        try:
+            with anyio.fail_after(self.server.request_timeout):
+                request = await self._read_request()
+        except h11.RemoteProtocolError as exc:
+            status = 413 if exc.error_status_hint in (413, 431) else 400
+            await self._answer_error(status, f"bad request: {exc}")
+            return
+        except TimeoutError:
+            return  # idle or half-sent: just close
+        if request is None:
+            return
+        target = urlsplit(request.target.decode("ascii", "replace"))
+        method = _ROUTES.get(target.path)
+        if method is None:
+            return await self._answer(404, {"error": f"no such path {target.path!r}; use /status, /drain or /resume"})
+        if request.method != method:
+            return await self._answer(405, {"error": f"{target.path} takes {method.decode()}"}, ((b"allow", method),))
+        if target.path == "/status":
+            return await self._answer(200, self.drain.status().as_dict())
+        if target.path == "/resume":
+            resumed = self.drain.resume()
+            return await self._answer(200, {"resumed": resumed, "state": self.drain.state.value, "pid": os.getpid()})
+        try:
+            options = _drain_options(target.query)
+            # Values the parser cannot judge alone (propagation_quiet against the wait)
+            # get their 400 here, before the stream begins.
+            self.drain.settings(
+                propagation_wait=options["propagation_wait"],
+                propagation_quiet=options["propagation_quiet"],
+                timeout=options["timeout"],
+            )
+        except ConfigError as exc:
+            return await self._answer(400, {"error": str(exc)})
+        await self._stream_drain(**options)
+
+    async def _read_request(self) -> h11.Request | None:
+        request: h11.Request | None = None
+        size = 0
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    data = await self.stream.receive(8192)
+                except anyio.EndOfStream:  # the peer closed (a liveness probe, a half-sent request)
+                    data = b""
+                self.conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+                head = len(event.target) + sum(len(name) + len(value) for name, value in event.headers)
+                length = dict(event.headers).get(b"content-length")
+                if head > MAX_REQUEST:
+                    raise h11.RemoteProtocolError("request headers too long", error_status_hint=413)
+                if length is not None and int(length) > MAX_REQUEST:
+                    raise h11.RemoteProtocolError("request body too long", error_status_hint=413)
+            elif isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > MAX_REQUEST:
+                    raise h11.RemoteProtocolError("request body too long", error_status_hint=413)
+            elif isinstance(event, h11.EndOfMessage):
+                return request
+            elif isinstance(event, h11.ConnectionClosed):
+                return None
+
+    async def _send(self, *events: h11.Event) -> None:
+        with anyio.fail_after(self.server.write_timeout):
+            for event in events:
+                data = self.conn.send(event)
+                if data:
+                    await self.stream.send(data)
+
+    async def _answer(self, status: int, body: dict[str, Any], extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        payload = json.dumps(body).encode() + b"\n"
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"connection", b"close"),
+            *extra,
+        ]
+        await self._send(h11.Response(status_code=status, headers=headers), h11.Data(data=payload), h11.EndOfMessage())
+
+    async def _answer_error(self, status: int, message: str) -> None:
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            await self._answer(status, {"error": message})
+
+    async def _stream_drain(
+        self, *, propagation_wait: float | None, propagation_quiet: float | None, timeout: float | None, reason: str
+    ) -> None:
+        drain = self.drain
+        done = anyio.Event()
+        result: dict[str, object] = {}
+
+        async def run_drain() -> None:
+            # In the listener's task group, not this connection's: a preStop hook that is
+            # killed mid-way must not stop the drain it started.
+            try:
+                outcome = await drain.drain(
+                    propagation_wait=propagation_wait,
+                    propagation_quiet=propagation_quiet,
+                    timeout=timeout,
+                    reason=reason,
+                )
+                result.update(outcome.as_dict())
+            except Exception as exc:  # never let it reach the lifespan task group
+                logger.exception("drain failed")
+                result.update({"result": "error", "error": repr(exc)})
+            finally:
+                done.set()
+
+        self.tg.start_soon(run_drain)
+        headers = [*_NDJSON, (b"connection", b"close")]
+        await self._send(h11.Response(status_code=200, headers=headers))
+        await self._line({"event": "status", **drain.status().as_dict()})
+        while not done.is_set():
+            with anyio.move_on_after(1.0):
+                await done.wait()
+            if not done.is_set():
+                await self._line(_progress(drain))
+        await self._line({"event": "result", "pid": os.getpid(), **result})
+        await self._send(h11.EndOfMessage())
+
+    async def _line(self, body: dict[str, object]) -> None:
+        await self._send(h11.Data(data=json.dumps(body).encode() + b"\n"))
+
+
+def _progress(drain: Drain) -> dict[str, object]:
+    status = drain.status()
+    now = time.time()
+    started = status.drain_started or now
+    deadline = status.deadline or now
+    last = status.last_request
+    return {
+        "event": "progress",
+        "state": status.state.value,
+        "in_flight": status.in_flight,
+        "handed_off": drain.handed_off(),
+        "elapsed": round(now - started, 3),
+        "deadline_in": round(deadline - now, 3),
+        "since_last_request": None if last is None else round(max(0.0, now - last), 3),
+        "propagation_over": status.propagation_until is not None and now >= status.propagation_until,
+    }
+
+
+def _drain_options(query: str) -> dict[str, Any]:
+    options: dict[str, Any] = {"propagation_wait": None, "propagation_quiet": None, "timeout": None, "reason": "admin"}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query), max_num_fields=8)
+    except ValueError:
+        raise ConfigError(f"query {query!r} is malformed; use ?propagation_wait=10s&timeout=80s") from None
+    for key, value in pairs:
+        if key in ("propagation_wait", "propagation_quiet", "timeout"):
+            options[key] = parse_duration(value, name=key)
+        elif key == "reason" and value.isprintable() and 0 < len(value) <= 64:
+            options[key] = value
+        else:
+            raise ConfigError(
+                f"unknown or bad parameter {key}={value!r}; use propagation_wait, propagation_quiet, timeout or reason"
+            )
+    return options

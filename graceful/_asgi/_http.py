@@ -1,0 +1,338 @@
+"""One admitted HTTP request (the hot path) and the middleware's own small responses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import anyio
+
+from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, Tracked
+from .._drain._state import Drain
+from .._drain._status import SERVING, State
+from ._config import Config
+from ._frames import FinalFrame, default_final_frame, resumable_final_frame, shutdown_error
+from ._types import Message, Receive, Scope, Send
+
+__all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
+
+logger = logging.getLogger("graceful")
+
+# Marks a 503 whose request never reached the app, so a gateway knows a retry is safe.
+NOT_STARTED_HEADER = b"x-graceful-not-started"
+# A client that can continue a cut stream elsewhere says so (docs/resume.md).
+RESUMABLE_HEADER = b"x-graceful-resumable"
+
+
+def resumable(scope: Scope) -> bool:
+    """Whether the request carried ``x-graceful-resumable: 1`` (read off the hot path only)."""
+    return any(name == RESUMABLE_HEADER and value.strip() == b"1" for name, value in scope["headers"])
+
+
+_HTTP1 = frozenset({"1.0", "1.1"})
+# Before a refusal, read and drop this much of the request body at most, for this long
+# at most (a slow client must not hold a draining server). See _drop_body. Prompts of
+# 100 KB and more are normal, and base64 images make bodies of several MB.
+REFUSAL_BODY_LIMIT = 16 << 20
+REFUSAL_BODY_TIMEOUT = 1.0
+
+# Why a request was refused, by state (SERVING: only the reject_over limit refuses).
+REFUSAL = {
+    State.STARTING: "server_starting",
+    State.DRAINING: "server_draining",
+    State.STOPPED: "server_stopped",
+    State.SERVING: "server_overloaded",
+}
+
+_MESSAGES = {
+    "server_draining": "This server is draining for shutdown and did not start the request; retry it elsewhere.",
+    "server_starting": "This server is still starting and did not start the request; retry it elsewhere.",
+    "server_stopped": "This server has stopped and did not start the request; retry it elsewhere.",
+    "server_overloaded": "This server is at its in-flight limit and did not start the request; retry it elsewhere.",
+}
+
+
+async def json_response(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+                (b"cache-control", b"no-store"),
+                *(headers or ()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def request_id(config: Config, scope: Scope) -> bytes:
+    wanted = config.request_id_header
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return bytes(value)
+    return b"%b%d" % (config.id_prefix, next(config.ids))
+
+
+async def reject(config: Config, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+    """A retryable 503 for a request the app never saw."""
+    body_read = await _drop_body(scope, receive)
+    body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
+    headers = [(b"retry-after", config.retry_after), (NOT_STARTED_HEADER, b"1")]
+    if config.request_id_header is not None:
+        headers.append((config.request_id_header, request_id(config, scope)))
+    if body_read and scope.get("http_version", "1.1") in _HTTP1:
+        headers.append((b"connection", b"close"))
+    await json_response(send, 503, body, headers)
+
+
+async def _drop_body(scope: Scope, receive: Receive) -> bool:
+    """Read and drop a refused request's body; True once it has ended, so closing is safe.
+
+    Closing a connection with unread request bytes in its socket makes the kernel
+    answer with a reset, which can destroy the 503 before the peer reads it (nginx
+    then shows a 502 and does not retry). Past REFUSAL_BODY_LIMIT or
+    REFUSAL_BODY_TIMEOUT we stop and answer without ``Connection: close``: uvicorn
+    (h11 and httptools alike) then reads and drops the rest itself and keeps the
+    connection, so nothing is left unread when it closes. (hypercorn 0.18 and granian
+    2.8 close the connection there anyway, so past the limit a reset can still come.)
+    """
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            if not value.isdigit() or int(value) > REFUSAL_BODY_LIMIT:
+                return False
+            break
+    seen = 0
+    with anyio.move_on_after(REFUSAL_BODY_TIMEOUT):
+        while seen <= REFUSAL_BODY_LIMIT:
+            message = await receive()
+            if message["type"] != "http.request":
+                return True  # the client is gone: nothing more will arrive
+            seen += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+    return False
+
+
+_NO_HEADERS: list[tuple[bytes, bytes]] = []  # shared until a response starts; never mutated
+_STARTED: list[tuple[bytes, bytes]] = []  # a response started without headers; never mutated
+
+
+async def _drop(message: Message) -> None:
+    """Stands in for the server's send once the deadline has ended a response."""
+
+
+class Call(Tracked):
+    """One admitted HTTP request, counted from admission until its last frame is handed to the server.
+
+    The count also ends if the client disconnects, the app raises or the task is
+    cancelled, exactly once whichever comes first.
+    """
+
+    __slots__ = ("config", "scope", "_receive", "_send", "task", "cancel_scope", "headers", "last", "before")
+    ledger: Drain
+
+    def __init__(self, config: Config, scope: Scope, receive: Receive, send: Send, task: Any) -> None:
+        # Tracked's fields set here, without a super() call: this runs once per request.
+        self.ledger = config.drain
+        self.open = True
+        self.t0 = time.monotonic()
+        self.config = config
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.task: asyncio.Task[Any] | None = task
+        self.cancel_scope: anyio.CancelScope | None = None
+        self.headers: list[tuple[bytes, bytes]] = _NO_HEADERS  # until the response starts
+        self.last: bytes | None = None
+        self.before: bytes | None = None
+
+    # The middleware runs the app and admits the call itself (one coroutine frame less
+    # per request); these are the slow paths around it.
+
+    async def run_scoped(self) -> None:
+        """Run the app inside a cancel scope: the deadline's handle on loops other than asyncio."""
+        with anyio.CancelScope() as self.cancel_scope:
+            await self.config.app(self.scope, self.receive, self.send)
+
+    def failed(self, exc: BaseException) -> bool:
+        """Account for an app that raised; True when the error is ours to swallow."""
+        if self.open:
+            self.finish(_classify(exc))
+            return False
+        if self._send is _drop and isinstance(exc, asyncio.CancelledError) and self.task is not None:
+            # We cancelled it at the deadline and already ended the response: do not
+            # let the server log our own cancellation as an application error.
+            if hasattr(self.task, "uncancel"):
+                self.task.uncancel()
+            return True
+        return False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self.finish(CLIENT_DISCONNECTED)
+        return message
+
+    def send(self, message: Message) -> Awaitable[None]:
+        # Not a coroutine: a streamed frame and the response start go straight to the
+        # server's send, without a coroutine of ours per message.
+        if message.get("more_body"):
+            try:
+                body = message["body"]  # a subscript and a constant: the cheapest check per frame
+            except KeyError:  # a frame without a body (it may leave "body" out): nothing to watch
+                return self._send(message)
+            if body == b"data: [DONE]\n\n":
+                return self._done(message)
+            # The last two frames, for _done: an engine's abort is the finish chunk, followed by
+            # a usage chunk when the client asked for one.
+            self.before = self.last
+            self.last = body
+            return self._send(message)
+        kind = message["type"]
+        if kind == "http.response.body":
+            return self._send_last(message)
+        if kind == "http.response.start":
+            config = self.config
+            if config.request_id_header is None and self.ledger.state is SERVING:
+                # Nothing to add: the app's message goes through as it is.
+                self.headers = message.get("headers") or _STARTED
+                return self._send(message)
+            # A copy of the app's list (it may reuse one list for every response), set into its
+            # message in place, as starlette's MutableHeaders does.
+            headers = list(message.get("headers", ()))
+            if config.request_id_header is not None:
+                headers.append((config.request_id_header, request_id(config, self.scope)))
+            if self.ledger.state is not SERVING:
+                if self.scope.get("http_version", "1.1") in _HTTP1:
+                    # Keep-alive clients and balancers must stop reusing this connection.
+                    headers.append((b"connection", b"close"))
+                if self.ledger.handing_off:
+                    self.headers = message["headers"] = headers
+                    return self._start_then_hand_off(message)
+            self.headers = message["headers"] = headers
+        return self._send(message)
+
+    async def _done(self, message: Message) -> None:
+        """``data: [DONE]``, the end of an OpenAI-style stream: passed on, unless the engine aborted it.
+
+        vLLM finishes a request it aborts (its shutdown timeout, a scale-down, an abort call)
+        with ``finish_reason: "abort"`` and then ``[DONE]``, as if it had completed
+        (vllm-project/vllm#57082). Such a stream ends here with the retryable final frame
+        instead of ``[DONE]`` (resumable when the request is), so no client takes it for a
+        whole answer.
+        """
+        frames = [frame for frame in (self.before, self.last) if frame is not None and _ABORT in frame]
+        if not frames or not any(map(_aborted, frames)) or self.content_type_media() != b"text/event-stream":
+            await self._send(message)
+            return
+        self.ledger.count_truncated("engine_abort")
+        logger.info("%s: the engine aborted the stream; it ends with the retryable final frame", self.label())
+        send, self._send = self._send, _drop
+        frame = self._final_frame()(self.content_type())
+        if frame is not None:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if self.open:
+            self.finish(ERROR)
+
+    async def _start_then_hand_off(self, message: Message) -> None:
+        """A response that starts once the handoff has begun: a resumable stream is handed off at once."""
+        await self._send(message)
+        await self.hand_off()
+
+    async def _send_last(self, message: Message) -> None:
+        """The body message that ends the response: the count ends once the server has it."""
+        await self._send(message)
+        if self.open:  # Tracked.finish, inlined: this runs once per request
+            self.open = False
+            self.ledger.release_item(self, COMPLETED)
+
+    def content_type(self) -> bytes:
+        for name, value in self.headers:
+            if name.lower() == b"content-type":
+                return bytes(value)
+        return b""
+
+    def content_type_media(self) -> bytes:
+        return self.content_type().split(b";", 1)[0].strip().lower()
+
+    def label(self) -> str:
+        return f"{self.scope.get('method', 'GET')} {self.scope['path']}"
+
+    def resumable(self) -> bool:
+        """Whether the request carried ``x-graceful-resumable: 1`` (read only when a stream is ended)."""
+        return resumable(self.scope)
+
+    def _final_frame(self) -> FinalFrame:
+        frame = self.config.final_frame
+        if frame is default_final_frame and self.resumable():
+            return resumable_final_frame
+        return frame
+
+    async def hand_off(self) -> bool:
+        """End a resumable SSE stream now with the final event, for its client to continue elsewhere."""
+        if not self.open or self.headers is _NO_HEADERS or not self.resumable():
+            return False
+        if self.content_type_media() != b"text/event-stream":
+            return False
+        await self._end(HANDED_OFF)
+        return True
+
+    async def cut(self) -> None:
+        """End this request at the drain deadline: a final retryable frame if we can, then cancel."""
+        await self._end(CANCELLED)
+
+    async def _end(self, outcome: int) -> None:
+        send = self._send
+        self._send = _drop
+        try:
+            if self.headers is _NO_HEADERS:  # the response has not started
+                close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in _HTTP1 else []
+                await json_response(send, 503, shutdown_error(), close)
+            else:
+                frame = self._final_frame()(self.content_type())
+                if frame is not None:
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # the client may be gone already; the cancel below still applies
+            pass
+        self.finish(outcome)
+        if self.task is not None:
+            self.task.cancel()
+        elif self.cancel_scope is not None:
+            self.cancel_scope.cancel()
+
+
+_ABORT = b'"abort"'
+
+
+def _aborted(frame: bytes) -> bool:
+    """Whether an SSE frame holds an OpenAI-style chunk with a choice that finished with "abort"."""
+    for line in frame.splitlines():
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            continue
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if isinstance(choices, list) and any(
+            isinstance(choice, dict) and choice.get("finish_reason") == "abort" for choice in choices
+        ):
+            return True
+    return False
+
+
+def _classify(exc: BaseException) -> int:
+    if isinstance(exc, OSError):
+        return CLIENT_DISCONNECTED
+    if isinstance(exc, anyio.get_cancelled_exc_class()) or isinstance(exc, asyncio.CancelledError):
+        return CANCELLED
+    return ERROR

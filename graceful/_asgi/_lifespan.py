@@ -1,0 +1,148 @@
+"""Lifespan: STARTING -> SERVING when the app's startup completes, STOPPED at shutdown.
+
+The admin listener and the SIGTERM takeover live in the lifespan task, which every
+ASGI server keeps for the life of the process, so they work under any server that
+runs lifespan. A lifespan startup after a shutdown begins a new lifecycle of the same
+``Drain`` (``Drain.restart``). Everything the app sends or raises reaches the server as
+the unwrapped app sent or raised it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+
+from ._config import Config
+from ._types import Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from ._metrics import MultiprocessMirror
+
+logger = logging.getLogger("graceful")
+
+_STOP_REASONS = {
+    "lifespan.shutdown.complete": "shutdown",
+    "lifespan.shutdown.failed": "shutdown failed",
+    "lifespan.startup.failed": "startup failed",
+}
+
+
+async def lifespan(config: Config, scope: Scope, receive: Receive, send: Send) -> None:
+    """Speak lifespan for the app, moving the machine; the app's own errors reach the server unchanged."""
+    drain = config.drain
+    lifecycle = config.lifecycle
+    startup_seen = False
+    services = _Services(config)
+    error: Exception | None = None
+    lifecycle.running += 1
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def wrapped_receive() -> Message:
+                nonlocal startup_seen
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    startup_seen = True
+                    drain.restart()  # STOPPED -> STARTING: the same app started again
+                return message
+
+            async def wrapped_send(message: Message) -> None:
+                kind = message["type"]
+                # Several lifespans at once (one app object run by two servers together): the first
+                # one started the admin listener and the SIGTERM takeover, the last one stops.
+                alone = lifecycle.running == 1
+                if kind == "lifespan.startup.complete":
+                    if alone:
+                        try:
+                            await tg.start(services.run)
+                        except Exception as exc:
+                            # Fail the server's startup loudly (it exits) rather than serve without
+                            # the admin socket that the preStop hook needs.
+                            drain.mark_stopped("startup failed")
+                            await send({"type": "lifespan.startup.failed", "message": f"graceful: {exc}"})
+                            return
+                    if config.ready_on_startup:
+                        drain.mark_serving()
+                elif kind in _STOP_REASONS and alone:
+                    drain.mark_stopped(_STOP_REASONS[kind])
+                    # Close the admin socket before the server hears we are done: servers stop
+                    # their loop right after this message and would cancel us mid-cleanup.
+                    await services.stop()
+                await send(message)
+
+            try:
+                await config.app(scope, wrapped_receive, wrapped_send)
+                if not startup_seen:
+                    # The app returned without reading startup (it ignores lifespan): run the
+                    # protocol ourselves, so the admin listener and the SIGTERM takeover still start.
+                    logger.info("the wrapped app does not support lifespan; graceful handles it")
+                    await _own_lifespan(wrapped_receive, wrapped_send)
+            except Exception as exc:
+                # Raised again below, outside the task group, which would wrap it in an
+                # ExceptionGroup: the server must see the app's own exception, as unwrapped.
+                error = exc
+            finally:
+                await services.stop()
+    finally:
+        lifecycle.running -= 1
+    if error is not None:
+        try:
+            raise error
+        finally:
+            error = None  # no reference cycle through this frame
+
+
+class _Services:
+    """What lives for the lifespan of the process: the admin listener and the metrics mirror."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.scope = anyio.CancelScope()
+        self.stopped = anyio.Event()
+        self.running = False
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        self.running = True
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as tg:
+                    if config.admin:
+                        from .._admin._server import AdminServer
+
+                        server = AdminServer(config.drain, socket_dir=config.socket_dir, socket_mode=config.socket_mode)
+                        await tg.start(server.serve)
+                    if config.mirror is not None:
+                        tg.start_soon(_mirror_loop, config.mirror)
+                    drain = config.drain
+                    if drain.config.drain_on_sigterm and drain.signals_owner is None:
+                        from ._signals import SignalDrain
+
+                        await tg.start(SignalDrain(drain).run)
+                    task_status.started()
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        if self.running:
+            self.scope.cancel()
+            await self.stopped.wait()
+
+
+async def _own_lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _mirror_loop(mirror: MultiprocessMirror) -> None:
+    while True:
+        await anyio.sleep(1.0)
+        mirror.sync()

@@ -1,0 +1,315 @@
+"""GracefulMiddleware: admission, probes and exact in-flight accounting for any ASGI app."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from .._drain._environ import from_environ
+from .._drain._ledger import ERROR
+from .._drain._options import DRAIN_OPTIONS
+from .._drain._state import Drain
+from .._drain._status import SERVING, State
+from ._config import Config
+from ._frames import FinalFrame, default_final_frame
+from ._http import REFUSAL, Call, json_response, reject, resumable
+from ._lifecycle import Lifecycle
+from ._types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["GracefulMiddleware"]
+
+logger = logging.getLogger("graceful")
+
+# Marks a middleware option the caller did not pass: it then comes from the environment, else DEFAULTS.
+UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<from the environment, else the default>"})()
+DEFAULTS: dict[str, Any] = {
+    "ready_path": "/ready",
+    "live_path": "/live",
+    "startup_path": "/startup",
+    "exempt_paths": (),
+    "metrics_path": None,
+    "retry_after": 1,
+    "max_in_flight": None,
+    "reject_over": None,
+    "live_check": None,
+    "ready_on_startup": True,
+    "request_id_header": None,
+    "admin": True,
+    "socket_dir": None,
+    "socket_mode": 0o600,
+    "final_frame": default_final_frame,
+}
+
+_new_call = object.__new__
+_init_call = Call.__init__
+
+
+class GracefulMiddleware:
+    """Pure-ASGI middleware that takes a server out of service without losing a request.
+
+    It answers the probes itself, fails readiness at once when a drain begins, serves
+    new work until the propagation wait ends and refuses it with a retryable 503 after
+    that (from the first instant with ``admit_during_propagation=False``), and counts
+    every admitted request until its last frame has been handed to the server.
+    ``.drain`` is the process-wide :class:`Drain` (made here if not given);
+    drain options (``grace_period``, ``propagation_wait``, ...) go to that ``Drain``.
+
+    Place it *inside* authentication middleware so that only accepted work is counted.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        drain: Drain | None = None,
+        *,
+        ready_path: str = UNSET,
+        live_path: str = UNSET,
+        startup_path: str = UNSET,
+        exempt_paths: Iterable[str] = UNSET,
+        metrics_path: str | None = UNSET,
+        registry: CollectorRegistry | None = None,
+        retry_after: int = UNSET,
+        max_in_flight: int | None = UNSET,
+        reject_over: int | None = UNSET,
+        live_check: Callable[[], bool] | None = UNSET,
+        ready_on_startup: bool = UNSET,
+        request_id_header: str | None = UNSET,
+        admin: bool = UNSET,
+        socket_dir: str | None = UNSET,
+        socket_mode: int = UNSET,
+        final_frame: FinalFrame = UNSET,
+        **drain_options: Any,
+    ) -> None:
+        unknown = set(drain_options) - DRAIN_OPTIONS
+        if unknown:
+            raise TypeError(
+                f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; "
+                "see the option tables in docs/middleware.md"
+            )
+        # An option not passed comes from its GRACEFUL_* variable, else its default (DEFAULTS), so a
+        # server that loads the middleware by name (vllm serve --middleware) is configured by its environment.
+        given = locals()
+        env = from_environ(name for name in DEFAULTS if given[name] is UNSET)
+
+        def option(name: str, value: Any) -> Any:
+            return value if value is not UNSET else env.get(name, DEFAULTS[name])
+
+        ready_path = option("ready_path", ready_path)
+        live_path = option("live_path", live_path)
+        startup_path = option("startup_path", startup_path)
+        exempt_paths = option("exempt_paths", exempt_paths)
+        metrics_path = option("metrics_path", metrics_path)
+        retry_after = option("retry_after", retry_after)
+        max_in_flight = option("max_in_flight", max_in_flight)
+        reject_over = option("reject_over", reject_over)
+        live_check = option("live_check", live_check)
+        ready_on_startup = option("ready_on_startup", ready_on_startup)
+        request_id_header = option("request_id_header", request_id_header)
+        admin = option("admin", admin)
+        socket_dir = option("socket_dir", socket_dir)
+        socket_mode = option("socket_mode", socket_mode)
+        final_frame = option("final_frame", final_frame)
+        if drain is None:
+            drain = Drain(**drain_options)
+        elif drain_options:
+            raise TypeError(
+                f"pass {sorted(drain_options)} to Drain(...) or leave drain=None; "
+                "GracefulMiddleware cannot reconfigure an existing Drain"
+            )
+        if retry_after < 0:
+            raise ValueError(f"retry_after={retry_after!r} must be 0 or more seconds")
+        for name, value in (("max_in_flight", max_in_flight), ("reject_over", reject_over)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value!r} must be at least 1 (or None for no limit)")
+        self.app = app
+        self.drain = drain
+        self.live_check = live_check
+        self.max_in_flight = max_in_flight if max_in_flight is not None else 1 << 62
+        # None for no limit: the admission check is then one identity test (a comparison with a
+        # large "no limit" int is not one of the interpreter's fast paths).
+        self.reject_over = reject_over
+        # How to find the task that runs a request, so the deadline can cancel it; chosen
+        # on the first request, when we know which event loop runs us.
+        self.current_task: Callable[[], asyncio.Task[Any] | None] = self._detect_loop
+
+        from ._metrics import MultiprocessMirror, multiprocess_dir, register
+
+        self.registry = register(drain, registry)
+        self.settings = Config(
+            app=app,
+            drain=drain,
+            retry_after=str(retry_after).encode(),
+            request_id_header=request_id_header.lower().encode() if request_id_header else None,
+            id_prefix=f"{os.getpid():x}-{os.urandom(3).hex()}-".encode(),
+            ids=itertools.count(1),
+            final_frame=final_frame,
+            ready_on_startup=ready_on_startup,
+            admin=admin,
+            socket_dir=socket_dir,
+            socket_mode=socket_mode,
+            # prometheus-client's multi-process mode needs the counters copied to its files.
+            mirror=MultiprocessMirror(drain) if multiprocess_dir() else None,
+            lifecycle=Lifecycle(drain, ready_on_startup=ready_on_startup, admin=admin),
+        )
+        self.lifecycle = self.settings.lifecycle
+        # One dict lookup per request decides whether a path is special; None means "pass to the app".
+        self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = {path: None for path in exempt_paths}
+        if metrics_path:
+            self._special[metrics_path] = self._metrics
+        self._special[ready_path] = self._ready
+        self._special[live_path] = self._liveness
+        self._special[startup_path] = self._startup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            if path in self._special:
+                handler = self._special[path]
+                if handler is None:
+                    return await self.app(scope, receive, send)
+                await handler(scope, receive, send)
+                return
+            drain = self.drain
+            if drain.state is not SERVING and self._turned_away(scope):
+                return await self._refuse(scope, receive, send, REFUSAL[drain.state])
+            # Call(self.settings, scope, receive, send, task), made in two steps: calling the class
+            # runs __init__ through the type's slot, in a nested run of the interpreter, while
+            # calling Call.__init__ as a plain function runs it inline, a frame like any other.
+            call = _new_call(Call)
+            # self.current_task and self.app are attributes, not methods: loaded as plain attributes
+            # and then called, they skip the slower method-call path.
+            current_task = self.current_task
+            task = current_task()
+            _init_call(call, self.settings, scope, receive, send, task)
+            # Drain.admit_item, inlined: this runs once per request.
+            work = drain.admitted
+            limit = self.reject_over
+            if limit is not None and len(work) >= limit:
+                return await self._refuse(scope, receive, send, "server_overloaded")
+            work[call] = None
+            try:
+                if task is not None:
+                    app = self.app
+                    await app(scope, call.receive, call.send)
+                else:
+                    await call.run_scoped()
+            except BaseException as exc:
+                if call.failed(exc):
+                    return
+                raise
+            if call.open:  # the app returned without finishing its response
+                call.finish(ERROR)
+            return
+        if kind == "websocket":
+            from ._websocket import websocket_call
+
+            return await websocket_call(self.settings, scope, receive, send)
+        if kind == "lifespan":
+            from ._lifespan import lifespan
+
+            return await lifespan(self.settings, scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _detect_loop(self) -> asyncio.Task[Any] | None:
+        # asyncio tasks are cancelled directly at the deadline; other loops (trio) get a
+        # cancel scope per request instead.
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): no asyncio loop runs in this thread
+            self.current_task = _no_task
+        else:
+            self.current_task = _task_getter(loop)
+        return self.current_task()
+
+    def _turned_away(self, scope: Scope) -> bool:
+        """Admission's slow path, for a request that arrives while not SERVING: is it refused?"""
+        self.lifecycle.arrived()  # with no lifespan running, this serves it, as the unwrapped app would
+        drain = self.drain
+        if drain.state is SERVING:
+            return False
+        return not drain.admits(scope.get("client")) or (
+            # Once streams are handed off, a resumable one would be handed off as soon as it
+            # started (it comes on a kept-alive connection): its client goes elsewhere at once.
+            drain.handing_off and resumable(scope)
+        )
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+        self.drain.count_rejected(reason)
+        await reject(self.settings, scope, receive, send, reason)
+
+    # -- probes: answered here, never counted, never refused ----------------------------------
+
+    async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        drain = self.drain
+        if drain.state is not SERVING:
+            self.lifecycle.arrived()
+        ok = drain.state is SERVING and drain.in_flight < self.max_in_flight
+        await json_response(send, 200 if ok else 503, _probe_body(drain, ok))
+
+    async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ok = True
+        if self.live_check is not None:
+            try:
+                ok = bool(self.live_check())
+            except Exception:
+                logger.exception("live_check raised; reporting not live")
+                ok = False
+        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
+
+    async def _startup(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.drain.state is not SERVING:
+            self.lifecycle.arrived()
+        ok = self.drain.state is not State.STARTING
+        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from ._metrics import render
+
+        if self.settings.mirror is not None:
+            self.settings.mirror.sync()
+        body, content_type = render(self.registry)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body))],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _task_getter(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Task[Any] | None]:
+    """asyncio.current_task for this loop as one C call per request, without a Python frame.
+
+    On Python 3.11 that is the lookup in asyncio's own table of current tasks, bound to this
+    loop. Should the middleware later run on another loop, the lookup finds no task there and
+    requests fall back to a cancel scope, which is slower but just as correct.
+    """
+    try:
+        from _asyncio import current_task  # type: ignore[attr-defined]  # C since Python 3.12
+
+        return current_task  # type: ignore[no-any-return]
+    except ImportError:
+        pass
+    try:
+        from _asyncio import _current_tasks  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - CPython always builds _asyncio
+        return asyncio.current_task
+    return functools.partial(_current_tasks.get, loop)
+
+
+def _no_task() -> None:
+    return None
+
+
+def _probe_body(drain: Drain, ok: bool) -> bytes:
+    return json.dumps({"ok": ok, "state": drain.state.value, "in_flight": drain.in_flight}).encode()

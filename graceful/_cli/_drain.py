@@ -1,0 +1,247 @@
+"""``graceful drain`` against graceful servers: the drain, its progress lines and its report.
+
+The preStop hook's start-up counts against the grace period, and importing click is most of
+it. So this module does not import click: the ``drain`` command of the click CLI calls
+:func:`run_drain` after click has read its options, and the console script reads the common
+forms of the command line itself (:func:`read_args`) and calls it directly. Anything it does
+not read (``--help``, engine mode, an unknown option, a value it cannot parse) goes to click,
+which then reads the whole command line and says what is wrong as it always does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+
+from .._admin._client import NoServer, WorkerDrain, discover, drain_all
+from .._drain._budget import Budget, ConfigError, check_quiet, parse_duration
+
+# typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = [
+    "BOTH_SOCKETS",
+    "EXIT_LEFTOVER",
+    "EXIT_NO_SERVER",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageProblem",
+    "read_args",
+    "run_drain",
+]
+
+EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
+BOTH_SOCKETS = "use --socket-dir or --socket, not both"
+
+# The options read here, as the click command declares them: name -> takes a duration value
+# (True), a path value (False) or no value (None, a flag). tests/cli/test_cli_drain.py checks this
+# table against the click command, so the two readers cannot drift apart.
+OPTIONS: dict[str, bool | None] = {
+    "--socket-dir": False,
+    "--socket": False,
+    "--propagation-wait": True,
+    "--propagation-quiet": True,
+    "--timeout": True,
+    "--grace-period": True,
+    "--quiet": None,
+    "-q": None,
+    "--json": None,
+}
+_PARAMETER = {"-q": "quiet", "--json": "json_output"}
+
+
+class UsageProblem(Exception):
+    """The options make no drain (found before anything is sent to a server)."""
+
+
+def read_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> dict[str, Any] | None:
+    """The keyword arguments of :func:`run_drain` for ``argv`` (after ``drain``), or None for click to read.
+
+    None for anything but the options in ``OPTIONS`` written as ``--name value``, ``--name=value``
+    or a flag, with values that parse; the caller then hands the command line to click.
+    """
+    args: dict[str, Any] = {
+        "socket_dir": environ.get("GRACEFUL_SOCKET_DIR") or None,
+        "socket": None,
+        "propagation_wait": None,
+        "propagation_quiet": None,
+        "timeout": None,
+        "grace_period": None,
+        "quiet": False,
+        "json_output": False,
+    }
+    position = 0
+    while position < len(argv):
+        word = argv[position]
+        position += 1
+        name, equals, value = word.partition("=")
+        kind = OPTIONS.get(name, "unknown")
+        if kind == "unknown":
+            return None
+        key = _PARAMETER.get(name) or name[2:].replace("-", "_")
+        if kind is None:
+            if equals:
+                return None
+            args[key] = True
+            continue
+        if not equals:
+            if position == len(argv) or argv[position].startswith("-"):
+                return None
+            value = argv[position]
+            position += 1
+        if kind:
+            try:
+                args[key] = parse_duration(value, name=key)
+            except ConfigError:
+                return None
+        elif value:
+            args[key] = value
+        else:
+            return None
+    return args
+
+
+def run_drain(
+    *,
+    socket_dir: str | None,
+    socket: str | None,
+    propagation_wait: float | None,
+    propagation_quiet: float | None,
+    timeout: float | None,
+    grace_period: float | None,
+    quiet: bool,
+    json_output: bool,
+) -> int:
+    """Drain every worker and wait until nothing is in flight; returns the exit code.
+
+    Raises :class:`UsageProblem` before it contacts any server when the options make no drain.
+    """
+    if socket_dir and socket:
+        raise UsageProblem(BOTH_SOCKETS)
+    if propagation_quiet is not None:
+        # Checked here when both are given; against the server's own wait, the server answers.
+        try:
+            check_quiet(propagation_quiet, math.inf if propagation_wait is None else propagation_wait)
+        except ConfigError as exc:
+            raise UsageProblem(str(exc)) from None
+    if grace_period is not None:
+        # The preStop hook shares terminationGracePeriodSeconds with everything after it:
+        # the drain gets grace_period - reserve at most (the same rule as the server's).
+        try:
+            budget = Budget.resolve(grace_period=grace_period, drain_timeout=timeout)
+        except ConfigError as exc:
+            raise UsageProblem(str(exc)) from None
+        timeout = budget.limit
+    if propagation_wait is not None and timeout is not None and propagation_wait > timeout:
+        # The deadline would come before the balancers have stopped sending: no drain can succeed.
+        if grace_period is not None:
+            bound, fix = (
+                f"--grace-period {grace_period:g}s leaves the drain {timeout:g}s after the reserve",
+                "--grace-period",
+            )
+        else:
+            bound, fix = f"--timeout is {timeout:g}s", "--timeout"
+        raise UsageProblem(
+            f"--propagation-wait {propagation_wait:g}s is longer than the whole drain: {bound}; "
+            f"shorten --propagation-wait or raise {fix}"
+        )
+    started = time.monotonic()
+
+    def progress(workers: list[WorkerDrain]) -> None:
+        if not quiet:
+            _say(_progress_line(workers, time.monotonic() - started))
+
+    try:
+        paths = discover(socket_dir, socket)
+        workers = drain_all(
+            paths,
+            propagation_wait=propagation_wait,
+            propagation_quiet=propagation_quiet,
+            timeout=timeout,
+            on_tick=progress,
+        )
+    except NoServer as exc:
+        _say(f"graceful: {exc}")
+        return EXIT_NO_SERVER
+    return _conclude(workers, started, quiet=quiet, json_output=json_output)
+
+
+def _say(line: str, *, out: bool = False) -> None:
+    stream = sys.stdout if out else sys.stderr
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def _conclude(workers: list[WorkerDrain], started: float, *, quiet: bool, json_output: bool) -> int:
+    live = [w for w in workers if w.reachable]
+    ok = all(w.result is not None and w.result.get("result") == "drained" for w in live)
+    if json_output:
+        outcome = {"result": "drained" if ok else "timeout", "workers": [w.as_dict() for w in live]}
+        _say(json.dumps(outcome), out=True)
+    for worker in workers:
+        if not worker.reachable:
+            _say(f"graceful: skipped {worker.path}: nothing listening (stale socket)")
+    if not quiet or not ok:
+        for line in _report(live, time.monotonic() - started):
+            _say(line)
+    return EXIT_OK if ok else EXIT_LEFTOVER
+
+
+def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
+    live = [w for w in workers if w.reachable]
+    running = [w for w in live if w.result is None]
+    in_flight = sum(w.in_flight for w in running)
+    deadlines = [w.deadline for w in running if w.deadline]
+    line = f"draining {len(live)} worker{'s' if len(live) != 1 else ''}: {in_flight} in flight, {elapsed:.1f} s elapsed"
+    handed = sum(w.handed_off for w in live)
+    if handed:
+        line += f", {handed} stream{'s' if handed != 1 else ''} handed off"
+    if deadlines:
+        line += f", deadline in {max(0.0, max(deadlines) - time.time()):.0f} s"
+    # During the propagation phase: how long since traffic last arrived (the quiet rule's clock).
+    propagating = [w for w in running if w.progressed and not w.propagation_over]
+    quiet = [w.since_last_request for w in propagating if w.since_last_request is not None]
+    if quiet:
+        line += f", last new request {min(quiet):.1f} s ago"
+    elif propagating:
+        line += ", no new request since the drain began"
+    elif any(w.progressed for w in running):
+        line += ", propagation over"
+    return line
+
+
+def _propagation_note(result: dict[str, Any]) -> str:
+    propagation, last = result.get("propagation"), result.get("last_request")
+    if not isinstance(propagation, (int, float)):
+        return ""
+    arrived = f"last new request at {last:.1f} s" if isinstance(last, (int, float)) else "no new request"
+    return f" (propagation phase {propagation:.1f} s, {arrived})"
+
+
+def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
+    lines = []
+    for worker in workers:
+        name = f"worker {worker.pid}" if worker.pid else worker.path
+        result = worker.result
+        if result is None:
+            lines.append(f"{name}: {worker.error}")
+        elif result.get("result") == "drained":
+            handed = result.get("handed_off") or 0
+            note = f"; {handed} stream{'s' if handed != 1 else ''} handed off" if handed else ""
+            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s{_propagation_note(result)}{note}")
+        else:
+            ended = result.get("truncated", 0)
+            lines.append(
+                f"{name}: {result.get('result')} with {result.get('in_flight', 0)} in flight; "
+                f"{ended} ended at the deadline (streams got a final retryable error event)"
+            )
+            lines.extend(f"  left: {item}" for item in result.get("leftover") or [])
+    drained = sum(1 for w in workers if w.result is not None and w.result.get("result") == "drained")
+    lines.append(f"drained {drained} of {len(workers)} worker{'s' if len(workers) != 1 else ''} in {elapsed:.1f} s")
+    return lines

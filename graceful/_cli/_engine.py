@@ -1,0 +1,134 @@
+"""``graceful drain --engine``: the command-line face of engine mode.
+
+The waiting lives in ``_engine``; this module reads the hook's environment, prints
+progress to stderr, and turns the result into an exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import partial
+
+import anyio
+import click
+
+from .._drain._budget import ConfigError, env_duration
+from .._engine._config import EngineConfig, EngineDrainResult, EngineProgress
+from .._engine._wait import REFUSED_READS, poll
+
+__all__ = ["run_engine_drain"]
+
+
+def _say(message: str) -> None:
+    click.echo(f"graceful drain: {message}", err=True)
+
+
+def _warn(text: str) -> None:
+    _say(f"warning: {text}")
+
+
+def _show(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+def _counts(config: EngineConfig, values: Mapping[str, float | None]) -> str:
+    preset = config.rules
+    if preset is not None:
+        parts = []
+        for role, names in (("running", preset.running), ("waiting", preset.waiting)):
+            if names:
+                known = [values.get(name) for name in names]
+                total = None if None in known else sum(v for v in known if v is not None)
+                parts.append(f"{role}={_show(total)}")
+        return " ".join(parts)
+    return " ".join(f"{name}={_show(values.get(name))}" for name in config.metrics)
+
+
+class _Progress:
+    """Prints at most one progress line a second; reads may come faster."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.last: float | None = None
+
+    def __call__(self, progress: EngineProgress) -> None:
+        if self.last is not None and progress.elapsed - self.last < 1.0:
+            return
+        self.last = progress.elapsed
+        state = f"{progress.error} (busy or sick)" if progress.error else _counts(self.config, progress.values)
+        remaining = max(0.0, progress.limit - progress.elapsed)
+        _say(
+            f"{state}; read {progress.reads}, idle {progress.idle_streak}/{self.config.idle_reads}, "
+            f"elapsed {progress.elapsed:.1f}s, deadline in {remaining:.1f}s"
+        )
+
+
+def _env_fallbacks(timeout: float | None, grace_period: float | None) -> tuple[float | None, float | None]:
+    # DRAIN_TIMEOUT and GRACE_SECONDS are the names of the hook proposed for kthena (its lossless-upgrade
+    # pull request), read so this drops into pods that set them. kthena's released hooks read neither.
+    if timeout is None:
+        timeout = env_duration("DRAIN_TIMEOUT")
+    for var in ("GRACEFUL_GRACE_PERIOD", "GRACE_SECONDS"):
+        if grace_period is None:
+            grace_period = env_duration(var)
+    return timeout, grace_period
+
+
+def run_engine_drain(
+    *,
+    engine: str | None,
+    metrics_url: str | None,
+    metrics: tuple[str, ...],
+    interval: float,
+    idle_reads: int,
+    kv_buffer: float,
+    propagation_wait: float,
+    timeout: float | None,
+    grace_period: float | None,
+    quiet: bool,
+    json_output: bool,
+) -> int:
+    """Exit 0 when idle or gone, 1 when the budget ran out, 2 on bad usage."""
+    try:
+        timeout, grace_period = _env_fallbacks(timeout, grace_period)
+        config = EngineConfig(
+            engine=engine,
+            metrics_url=metrics_url,
+            metrics=metrics,
+            interval=interval,
+            idle_reads=idle_reads,
+            kv_buffer=kv_buffer,
+            propagation_wait=propagation_wait,
+            timeout=timeout,
+            grace_period=grace_period,
+        )
+    except ConfigError as exc:
+        _say(f"error: {exc}")
+        return 2
+    if not quiet:
+        _say(
+            f"waiting for {', '.join(config.metrics)} to read 0 on {config.idle_reads} consecutive reads of "
+            f"{config.metrics_url} (every {config.interval:g}s, budget {config.limit:g}s, "
+            f"propagation wait {config.propagation_wait:g}s)"
+        )
+    result = anyio.run(partial(poll, config, None if quiet else _Progress(config), _warn))
+    return _print_result(config, result, quiet, json_output)
+
+
+def _print_result(config: EngineConfig, result: EngineDrainResult, quiet: bool, json_output: bool) -> int:
+    counts = _counts(config, result.values)
+    if result.result == "gone":
+        _say(
+            f"connection refused on {REFUSED_READS} reads in a row at {config.metrics_url}: "
+            "the engine is gone, nothing to drain"
+        )
+    elif result.result == "timeout":
+        detail = f"; last read: {result.last_error}" if result.last_error else ""
+        _say(f"budget of {config.limit:g}s ran out with {counts}{detail}; the engine gets SIGTERM with work in flight")
+    elif not quiet:
+        held = f", then held the KV buffer {result.kv_buffer_held:g}s" if result.kv_buffer_held else ""
+        _say(f"engine idle ({counts}) after {result.reads} reads in {result.duration:.1f}s{held}")
+    if json_output:
+        click.echo(json.dumps(result.as_dict()))
+    return result.exit_code

@@ -1,0 +1,270 @@
+"""The ``graceful`` command line: drain, status, resume and run.
+
+Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
+2 usage or configuration error, 3 no server found.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, NoReturn
+
+import click
+from click.core import ParameterSource
+
+from .._admin._client import NoServer, discover, request_all
+from .._drain._budget import ConfigError, parse_duration
+from ._drain import BOTH_SOCKETS, EXIT_NO_SERVER, EXIT_USAGE, UsageProblem, run_drain
+
+__all__ = ["cli", "drain_command", "main"]
+
+ENGINES = ("vllm", "sglang", "tgi", "triton")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# Above the 60 s for which nginx, AWS ALB and most gateways keep an idle upstream
+# connection: a server that closes first races the balancer's next request on it (a 502).
+DEFAULT_KEEP_ALIVE = 75
+
+
+class Duration(click.ParamType[float]):
+    """``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(value, name=param.name if param and param.name else "duration")
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+socket_dir_option = click.option(
+    "--socket-dir",
+    envvar="GRACEFUL_SOCKET_DIR",
+    type=click.Path(file_okay=False),
+    help="Directory of the worker sockets [env GRACEFUL_SOCKET_DIR; default <tmp>/graceful-<uid>].",
+)
+socket_option = click.option("--socket", type=click.Path(dir_okay=False), help="Talk to this one socket only.")
+
+
+class _Commands(click.Group):
+    """Loads ``soak`` only when it is asked for: the preStop hook must not pay for its imports."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), "soak"])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "soak":
+            from ._soak import soak_command
+
+            return soak_command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="graceful-drain", prog_name="graceful", message="%(prog)s %(version)s")
+def cli() -> None:
+    """Take an inference server out of service without losing a request."""
+
+
+@cli.command("drain")
+@socket_dir_option
+@socket_option
+@click.option("--propagation-wait", type=DURATION, default=None, help="Keep serving this long after going unready.")
+@click.option(
+    "--propagation-quiet",
+    type=DURATION,
+    default=None,
+    help="End the propagation wait early once no new request has come for this long.",
+)
+@click.option("--timeout", type=DURATION, default=None, help="Give up on in-flight work after this long.")
+@click.option("--grace-period", type=DURATION, default=None, help="The pod's terminationGracePeriodSeconds.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@click.option("--json", "json_output", is_flag=True, help="Print the outcome as JSON on stdout.")
+@click.option("--engine", type=click.Choice(ENGINES), default=None, help="Drain an inference engine by its metrics.")
+@click.option("--metrics-url", default=None, help="Engine metrics endpoint (Prometheus text).")
+@click.option("--metric", "metrics", multiple=True, help='In-flight metric: NAME or NAME{label="v"}; repeatable.')
+@click.option("--interval", type=DURATION, default="1s", show_default=True, help="Engine metrics poll interval.")
+@click.option("--idle-reads", type=click.IntRange(min=1), default=2, show_default=True, help="Zero reads in a row.")
+@click.option("--kv-buffer", type=DURATION, default="0", show_default=True, help="Extra wait after the engine idles.")
+@click.pass_context
+def drain_command(
+    ctx: click.Context,
+    socket_dir: str | None,
+    socket: str | None,
+    propagation_wait: float | None,
+    propagation_quiet: float | None,
+    timeout: float | None,
+    grace_period: float | None,
+    quiet: bool,
+    json_output: bool,
+    engine: str | None,
+    metrics_url: str | None,
+    metrics: tuple[str, ...],
+    interval: float,
+    idle_reads: int,
+    kv_buffer: float,
+) -> None:
+    """Drain every worker and wait until nothing is in flight (for a preStop hook)."""
+    if socket_dir and socket:
+        _fail(ctx, BOTH_SOCKETS)
+    if engine is not None or metrics_url is not None or metrics:
+        if propagation_quiet is not None:
+            _fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
+        # Engine mode has its own budget rule (70% of the grace period), so it gets the raw options.
+        from ._engine import run_engine_drain
+
+        ctx.exit(
+            run_engine_drain(
+                engine=engine,
+                metrics_url=metrics_url,
+                metrics=metrics,
+                interval=interval,
+                idle_reads=idle_reads,
+                kv_buffer=kv_buffer,
+                propagation_wait=propagation_wait or 0.0,
+                timeout=timeout,
+                grace_period=grace_period,
+                quiet=quiet,
+                json_output=json_output,
+            )
+        )
+    try:
+        code = run_drain(
+            socket_dir=socket_dir,
+            socket=socket,
+            propagation_wait=propagation_wait,
+            propagation_quiet=propagation_quiet,
+            timeout=timeout,
+            grace_period=grace_period,
+            quiet=quiet,
+            json_output=json_output,
+        )
+    except UsageProblem as exc:
+        _fail(ctx, str(exc))
+    ctx.exit(code)
+
+
+@cli.command("status")
+@socket_dir_option
+@socket_option
+@click.option("--json", "json_output", is_flag=True, help="Print JSON on stdout.")
+@click.pass_context
+def status_command(ctx: click.Context, socket_dir: str | None, socket: str | None, json_output: bool) -> None:
+    """Print one row per worker: state, in flight, since."""
+    answers = _ask(ctx, socket_dir, socket, "GET", "/status")
+    if json_output:
+        click.echo(json.dumps([{"socket": path, **body} for path, body in answers.items()]))
+        return
+    click.echo(f"{'PID':>8}  {'STATE':<9} {'IN FLIGHT':>9}  SINCE")
+    for body in answers.values():
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(body["since"])))
+        click.echo(f"{body['pid']:>8}  {body['state']:<9} {body['in_flight']:>9}  {since}")
+
+
+@cli.command("resume")
+@socket_dir_option
+@socket_option
+@click.pass_context
+def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | None) -> None:
+    """Undrain every worker (DRAINING -> SERVING)."""
+    answers = _ask(ctx, socket_dir, socket, "POST", "/resume")
+    for body in answers.values():
+        click.echo(f"worker {body.get('pid', '?')}: {body['state']}" + (" (resumed)" if body["resumed"] else ""))
+
+
+def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:
+    if socket_dir and socket:
+        _fail(ctx, BOTH_SOCKETS)
+    try:
+        paths = discover(socket_dir, socket)
+        answers = request_all(paths, method, url)
+    except NoServer as exc:
+        click.echo(f"graceful: {exc}", err=True)
+        ctx.exit(EXIT_NO_SERVER)
+    live = {path: body for path, body in answers.items() if body is not None}
+    if not live:
+        click.echo("graceful: no graceful server found: nothing is listening on " + ", ".join(paths), err=True)
+        ctx.exit(EXIT_NO_SERVER)
+    return live
+
+
+def _fail(ctx: click.Context, message: str) -> NoReturn:
+    click.echo(f"graceful: {message}", err=True)
+    ctx.exit(EXIT_USAGE)
+
+
+@cli.command("run")
+@click.argument("app")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind to this address.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Bind to this port.")
+@click.option("--uds", default=None, help="Bind to this Unix socket instead of host and port.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
+@click.option("--socket-dir", envvar="GRACEFUL_SOCKET_DIR", default=None, help="Admin socket directory.")
+@click.option("--grace-period", type=DURATION, help="terminationGracePeriodSeconds [env GRACEFUL_GRACE_PERIOD; 30].")
+@click.option("--propagation-wait", type=DURATION, help="Keep serving this long after going unready [0].")
+@click.option(
+    "--propagation-quiet",
+    type=DURATION,
+    help="End the propagation wait once no new request has come for this long [env GRACEFUL_PROPAGATION_QUIET].",
+)
+@click.option("--drain-timeout", type=DURATION, help="Cap on the drain, below grace period - reserve.")
+@click.option("--reserve", type=DURATION, help="Part of the grace period kept for exit [max(30%, min(10s, half))].")
+@click.option(
+    "--admit-during-propagation/--no-admit-during-propagation",
+    default=True,
+    show_default=True,
+    help="Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start).",
+)
+@click.option(
+    "--handoff-streams/--no-handoff-streams",
+    default=None,
+    help="After the propagation wait, end resumable SSE streams for their clients to continue elsewhere "
+    "[env GRACEFUL_HANDOFF_STREAMS; off].",
+)
+@click.option(
+    "--timeout-keep-alive",
+    type=click.IntRange(min=1, max=24 * 3600),
+    default=DEFAULT_KEEP_ALIVE,
+    show_default=True,
+    help="Seconds an idle keep-alive connection stays open; keep it above the balancer's idle timeout.",
+)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+@click.pass_context
+def run_command(
+    ctx: click.Context, /, app: str, workers: int, log_level: str, timeout_keep_alive: int, **values: Any
+) -> None:
+    """Run APP (module:attr) under uvicorn, draining on SIGTERM."""
+    from .._serve._server import serve  # uvicorn is only needed here: keep `graceful drain` quick to start
+
+    # What goes to uvicorn.Config rather than to the drain.
+    server: dict[str, Any] = {key: values.pop(key) for key in ("host", "port", "uds")}
+    server["timeout_keep_alive"] = timeout_keep_alive
+    options = {k: v for k, v in values.items() if v is not None}
+    explicit = frozenset(name for name in values if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT)
+    try:
+        code = serve(app, options, explicit, workers=workers, log_level=log_level, **server)
+    except ConfigError as exc:
+        _fail(ctx, str(exc))
+    ctx.exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code instead of exiting (for embedding and tests)."""
+    try:
+        result = cli.main(args=argv, prog_name="graceful", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        return 1
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return result if isinstance(result, int) else 0

@@ -1,0 +1,8 @@
+"""Engine mode: drain an engine graceful cannot wrap by reading its Prometheus page.
+
+``_presets`` (the engines' metrics and rules, as data), ``_page`` (the page parser and metric
+selectors), ``_config`` (``EngineConfig`` and the frozen results) and ``_wait`` (the poll loop,
+bounded by the budget).
+
+May import ``_drain`` (the budget's rules). Prints nothing: ``_cli`` does.
+"""

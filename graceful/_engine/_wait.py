@@ -1,0 +1,283 @@
+"""Engine drain: a preStop hook for inference engines whose ASGI app cannot be wrapped.
+
+vLLM, SGLang, TGI and Triton each publish how many requests they are running and
+queueing on a Prometheus ``/metrics`` page. Polling that page until it reads zero is
+what the shell hooks in the field do (the preStop of kthena's released ModelBooster vLLM template, for one); this
+module does it without their known faults:
+
+- metric names are matched exactly, so ``vllm:num_requests_waiting_by_reason`` never
+  counts as ``vllm:num_requests_waiting``, and any labels in any order are fine;
+- a label selector (``name{label="value"}``) narrows a metric to the series that match;
+- every matching series is summed (data-parallel engines, tensor-parallel ranks);
+- values go through a real number parser, so ``0``, ``0.0``, ``0e+00`` and ``-0`` all
+  read zero, and a NaN or absent metric is "unknown", never "idle";
+- zero must hold for several consecutive reads, because engine gauges lag;
+- the wait has its own bound, derived from the pod's grace period, and every read
+  (connect, headers and the whole body) ends inside it, however slowly the engine answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import anyio
+import httpx
+
+from .._drain._budget import ConfigError
+from ._config import EngineConfig, EngineDrainResult, EngineOutcome, EngineProgress
+from ._page import PageError, has_only, read_metrics
+from ._presets import EnginePreset
+
+__all__ = ["MAX_PAGE_BYTES", "REFUSED_READS", "poll", "wait_idle"]
+
+logger = logging.getLogger("graceful.engine")
+
+REFUSED_READS = 3
+# A metrics page larger than this is not a metrics page; stop reading and count the poll as unreadable.
+MAX_PAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _Read:
+    values: dict[str, float | None] | None = None
+    error: str | None = None
+    refused: bool = False
+    unreadable: bool = False  # an answer came, but not a page we can read: warn once
+    fresh: bool = False  # the page shows an engine that has never served a request
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether every connection attempt behind ``exc`` was refused (trio reports them as a group)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        group = getattr(seen, "exceptions", None)
+        if isinstance(group, tuple) and group:
+            return all(isinstance(member, BaseException) and _refused(member) for member in group)
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+async def _fetch(client: httpx.AsyncClient, url: str) -> tuple[int, str, bytes]:
+    """One GET, streamed so that the body is capped; httpx decodes any Content-Encoding on the way."""
+    async with client.stream("GET", url) as response:
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_PAGE_BYTES:
+                raise _Oversize
+        return response.status_code, response.charset_encoding or "utf-8", bytes(body)
+
+
+class _Oversize(Exception):
+    pass
+
+
+async def _read_once(
+    client: httpx.AsyncClient, url: str, names: Sequence[str], limit: float, fresh_page: Collection[str] | None = None
+) -> _Read:
+    # httpx's timeouts apply per socket operation: an engine that trickles bytes never trips them.
+    # The cancel scope bounds the whole read, connect to last byte.
+    with anyio.move_on_after(limit):
+        try:
+            status, charset, body = await _fetch(client, url)
+        except httpx.ConnectError as exc:
+            if _refused(exc):
+                return _Read(error="connection refused", refused=True)
+            return _Read(error=f"cannot connect: {exc}")
+        except httpx.TimeoutException:
+            return _Read(error=f"no answer within {limit:.2g}s")
+        except httpx.TransportError as exc:
+            return _Read(error=f"connection error: {type(exc).__name__}")
+        except httpx.DecodingError as exc:
+            return _Read(error=f"unreadable page: bad Content-Encoding ({exc})", unreadable=True)
+        except _Oversize:
+            return _Read(error=f"unreadable page: larger than {MAX_PAGE_BYTES // 2**20} MiB", unreadable=True)
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            return _Read(error=f"unreadable page: {type(exc).__name__}: {exc}", unreadable=True)
+        return _parse(status, charset, body, names, fresh_page)
+    return _Read(error=f"no answer within {limit:.2g}s")
+
+
+def _parse(status: int, charset: str, body: bytes, names: Sequence[str], fresh_page: Collection[str] | None) -> _Read:
+    if status != 200:
+        return _Read(error=f"HTTP {status}")
+    try:
+        page = body.decode(charset)
+    except LookupError:
+        return _Read(error=f"unreadable page: unknown charset {charset!r}", unreadable=True)
+    except UnicodeDecodeError as exc:
+        return _Read(error=f"unreadable page: not {charset} text ({exc.reason} at byte {exc.start})", unreadable=True)
+    try:
+        values = read_metrics(page, names)
+    except PageError as exc:
+        return _Read(error=f"garbage page: {exc}")
+    if all(value is None for value in values.values()):
+        if page.lstrip().startswith("<"):
+            return _Read(error="garbage page: not Prometheus text (HTML?)")
+        if fresh_page is not None and has_only(page, fresh_page):
+            return _Read(values=values, fresh=True)
+    return _Read(values=values)
+
+
+async def wait_idle(
+    engine: str | EnginePreset | None = None,
+    *,
+    metrics_url: str | None = None,
+    metrics: Sequence[str] = (),
+    interval: float = 1.0,
+    idle_reads: int = 2,
+    kv_buffer: float | str = 0.0,
+    propagation_wait: float | str = 0.0,
+    timeout: float | None = None,
+    grace_period: float | None = None,
+    config: EngineConfig | None = None,
+    on_progress: Callable[[EngineProgress], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> EngineDrainResult:
+    """Wait until an engine's in-flight metrics read zero, within ``min(timeout, 70% of grace_period)``.
+
+    Pass the settings as keywords or as one :class:`EngineConfig` (``config=``), not both.
+    Raises :class:`ConfigError` for bad settings. Unlike the ``graceful drain`` command,
+    this reads no environment variables.
+    """
+    if config is None:
+        config = EngineConfig(
+            engine=engine,
+            metrics_url=metrics_url,
+            metrics=metrics,
+            interval=interval,
+            idle_reads=idle_reads,
+            kv_buffer=kv_buffer,
+            propagation_wait=propagation_wait,
+            timeout=timeout,
+            grace_period=grace_period,
+        )
+    elif engine is not None or metrics_url is not None or metrics:
+        raise ConfigError("wait_idle: pass either config= or the engine settings, not both")
+    return await poll(config, on_progress, on_warning or logger.warning)
+
+
+def _apply_rules(
+    rules: EnginePreset | None, values: dict[str, float | None], page_fresh: bool
+) -> dict[str, float | None]:
+    """The values the idle rule judges: optional metrics absent read 0, and so does a fresh engine."""
+    if rules is None:
+        return values
+    values = dict(values)
+    if page_fresh:
+        return dict.fromkeys(values, 0.0)
+    for name in rules.optional:
+        if name in values and values[name] is None:
+            values[name] = 0.0
+    return values
+
+
+async def poll(
+    plan: EngineConfig, on_progress: Callable[[EngineProgress], None] | None, warn: Callable[[str], None]
+) -> EngineDrainResult:
+    url = cast(str, plan.metrics_url)
+    kv_buffer = cast(float, plan.kv_buffer)
+    propagation_wait = cast(float, plan.propagation_wait)
+    start = anyio.current_time()
+    deadline = start + plan.limit
+    rules = plan.rules
+    activity = rules.activity if rules is not None else ()
+    values: dict[str, float | None] = dict.fromkeys(plan.metrics)
+    warned: set[str] = set()
+    reads = streak = refused = 0
+    streak_start = 0.0
+    error: str | None = None
+    moved: dict[str, float | None] | None = None
+
+    def finish(outcome: EngineOutcome, held: float = 0.0) -> EngineDrainResult:
+        duration = anyio.current_time() - start
+        return EngineDrainResult(outcome, reads, values, duration, plan.limit, url, error, held)
+
+    # trust_env=False: a pod's HTTP(S)_PROXY must not route a loopback scrape elsewhere.
+    # verify=False for plain http skips loading the CA bundle, which costs up to a second on a busy node.
+    https = url.lower().startswith("https:")
+    async with httpx.AsyncClient(trust_env=False, verify=https, headers={"Accept": "text/plain"}) as client:
+        # Endpoints need time to drop this pod; requests still arrive until they do.
+        await anyio.sleep(propagation_wait)
+        tick = anyio.current_time()
+        while True:
+            now = anyio.current_time()
+            if now >= deadline:
+                return finish("timeout")
+            # Keep each read shorter than the interval so a hung engine cannot stretch the schedule.
+            limit = min(0.9 * plan.interval, deadline - now)
+            fresh_page = rules.fresh_page if rules is not None else None
+            read = await _read_once(client, url, tuple(plan.metrics) + activity, limit, fresh_page)
+            read_at = anyio.current_time()
+            reads += 1
+            error = read.error
+            refused = refused + 1 if read.refused else 0
+            judged: dict[str, float | None] | None = None
+            still = True
+            if read.values is not None:
+                watched = dict(read.values)
+                counters = {name: watched.pop(name) for name in activity}
+                # A counter that appears (prometheus-client creates a labelled series on first use) moved too.
+                still = moved is None or moved == counters
+                moved = counters
+                fresh = read.fresh and all(value is None for value in watched.values())
+                judged = _apply_rules(rules, watched, fresh)
+                values = judged
+                if fresh and "fresh" not in warned:
+                    warned.add("fresh")
+                    warn(
+                        f"{url} shows no request counter and no in-flight gauges: the engine has not served "
+                        "a request since it started, so it counts as idle"
+                    )
+                _warn_unknown(values, url, rules, warned, warn)
+            if read.error and read.error.startswith("HTTP 4") and read.error not in warned:
+                warned.add(read.error)
+                warn(f"{url} answered {read.error}; check --metrics-url. Polling continues")
+            if read.unreadable and "unreadable" not in warned:
+                warned.add("unreadable")
+                warn(f"{url} sent a page that cannot be read ({read.error}); it counts as busy. Polling continues")
+            zero = judged is not None and still and all(value == 0 for value in judged.values())
+            if zero and streak == 0:
+                streak_start = read_at
+            streak = streak + 1 if zero else 0
+            if on_progress is not None:
+                on_progress(EngineProgress(reads, values, error, streak, read_at - start, plan.limit))
+            if refused >= REFUSED_READS:
+                return finish("gone")
+            span = rules.min_idle_span if rules is not None else 0.0
+            if streak >= plan.idle_reads and read_at - streak_start >= span:
+                break
+            tick = max(tick + plan.interval, anyio.current_time())
+            await anyio.sleep_until(min(tick, deadline))
+    # Disaggregated decode peers may still be pulling the last KV from this (prefill) engine.
+    held = max(0.0, min(kv_buffer, deadline - anyio.current_time()))
+    await anyio.sleep(held)
+    return finish("idle", held)
+
+
+def _warn_unknown(
+    values: Mapping[str, float | None],
+    url: str,
+    rules: EnginePreset | None,
+    warned: set[str],
+    warn: Callable[[str], None],
+) -> None:
+    hint = f": {rules.absent_hint}" if rules is not None and rules.absent_hint else ""
+    for state, unknown in (
+        ("absent", [name for name, value in values.items() if value is None]),
+        ("nan", [name for name, value in values.items() if value is not None and math.isnan(value)]),
+    ):
+        new = [name for name in unknown if f"{name}:{state}" not in warned]
+        if not new:
+            continue
+        warned.update(f"{name}:{state}" for name in new)
+        listed = ", ".join(repr(name) for name in new)
+        verb = "is" if len(new) == 1 else "are"
+        where = f"absent from the page{hint} ({url})" if state == "absent" else f"NaN on {url}"
+        warn(f"metric {listed} {verb} {where}; it counts as unknown, so the engine is never reported idle")

@@ -1,0 +1,305 @@
+"""The launcher: uvicorn with SIGTERM wired to the drain (``graceful run``).
+
+Plain uvicorn stops listening the moment SIGTERM arrives. Here SIGTERM starts the
+same drain a preStop hook would start, the listener keeps serving through the
+propagation wait (answering 503 after it, or during it when refusing), and uvicorn
+is told to exit only once the drain has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import logging.config
+import os
+import signal
+import threading
+from collections.abc import Generator
+from types import FrameType
+from typing import Any
+
+import anyio
+import uvicorn
+from uvicorn.config import LOGGING_CONFIG
+from uvicorn.importer import ImportFromStringError, import_from_string
+from uvicorn.supervisors.multiprocess import Multiprocess
+
+from .._admin._paths import default_socket_dir, socket_path
+from .._asgi._middleware import GracefulMiddleware
+from .._drain._budget import ConfigError
+from .._drain._options import DRAIN_OPTIONS
+from .._drain._state import Drain
+from .._drain._status import State
+
+__all__ = ["GracefulServer", "load_app", "serve"]
+
+logger = logging.getLogger("graceful")
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_APP_ENV = "GRACEFUL_RUN_APP"
+_OPTIONS_ENV = "GRACEFUL_RUN_OPTIONS"
+_FORCED_EXIT = 1
+
+
+class GracefulServer(uvicorn.Server):
+    """A ``uvicorn.Server`` whose first SIGTERM/SIGINT drains and whose second forces exit.
+
+    ``forced_exits`` counts forced exits. At the start of any drain (signal, preStop or
+    admin socket) the peers of the open connections are pinned on the ``Drain``.
+    """
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self.forced_exits = 0
+        self.signals_received = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._was_draining = False
+        drain.signals_owner = "graceful run"  # SIGTERM drains here: the middleware leaves it alone
+        drain.add_listener(self._on_drain_change)
+
+    async def serve(self, sockets: list[Any] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        await super().serve(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # Unlike uvicorn's, this one does not re-raise the signal afterwards: a drained
+        # shutdown is a success and exits 0.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Signal handlers run between bytecodes of whatever the loop was doing: only hand over.
+        if self._loop is None:
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(self._on_signal, sig)
+
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        self.signals_received += 1
+        if self.signals_received > 1:
+            self.forced_exits += 1
+            logger.warning("second signal (%s): forcing exit with %d request(s) in flight", name, self.drain.in_flight)
+            self.force_exit = True
+            self.should_exit = True
+            self._wake()
+            return
+        if self.drain.state in (State.STARTING, State.STOPPED):
+            logger.info("%s received while %s: exiting", name, self.drain.state.value)
+            self.should_exit = True
+            self._wake()
+            return
+        logger.info(
+            "%s received: draining (state %s, %d in flight)", name, self.drain.state.value, self.drain.in_flight
+        )
+        self._drain_task = asyncio.ensure_future(self._drain_then_exit(name))
+
+    async def _drain_then_exit(self, reason: str) -> None:
+        # Joins a preStop drain if one runs: same clock, same deadline.
+        try:
+            result = await self.drain.drain(reason=reason)
+            logger.info("drain ended (%s): shutting down", result.result)
+        finally:  # exit even if the drain itself failed
+            self.should_exit = True
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _on_drain_change(self) -> None:
+        draining = self.drain.state is State.DRAINING
+        if draining and not self._was_draining:
+            # kube-proxy keeps these connections pinned here after the endpoint is gone;
+            # the middleware serves one more request on each (admit_during_propagation).
+            connections: list[Any] = list(self.server_state.connections)
+            peers = {conn.client for conn in connections if getattr(conn, "client", None)}
+            self.drain.pinned.update(peers)
+        self._was_draining = draining
+
+    async def main_loop(self) -> None:
+        # uvicorn polls should_exit every 0.1 s; we wake on an event so exit follows the
+        # drain at once, and still tick regularly for the date header.
+        assert self._wakeup is not None
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), 0.1)
+            except TimeoutError:
+                counter = (counter + 1) % 864000
+            self._wakeup.clear()
+            should_exit = await self.on_tick(counter)
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        if not self.force_exit and (self.drain.in_flight or self.drain.state is not State.DRAINING):
+            return await super().shutdown(sockets)
+        if not self.force_exit:
+            return await self._shutdown_idle(sockets)
+        logger.warning("forced exit: cutting %d connection(s)", len(self.server_state.connections))
+        for server in self.servers:
+            server.close()
+        for task in list(self.server_state.tasks):
+            task.cancel("forced exit")
+        for conn in list(self.server_state.connections):
+            transport = getattr(conn, "transport", None)
+            if transport is not None:
+                transport.close()
+
+    async def _shutdown_idle(self, sockets: list[Any] | None) -> None:
+        """After a drain nothing is in flight: close at once instead of uvicorn's fixed 0.1 s pause.
+
+        Idle keep-alive connections are closed only now, at exit (the keep-alive rule).
+        """
+        logger.info("shutting down after the drain: closing %d idle connection(s)", len(self.server_state.connections))
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        with anyio.move_on_after(5):
+            # uvicorn offers no event for "connections closed"; they go within a loop turn or two.
+            while self.server_state.connections or self.server_state.tasks:
+                await asyncio.sleep(0.002)
+        for server in self.servers:
+            await server.wait_closed()
+        await self.lifespan.shutdown()
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's multiprocess supervisor; SIGTERM drains every worker before stopping them.
+
+    Workers run plain ``uvicorn.Server`` (uvicorn builds them itself), so the supervisor
+    drains them through their admin sockets, then lets uvicorn send each one SIGTERM.
+    """
+
+    def __init__(self, config: uvicorn.Config, sockets: list[Any], socket_dir: str) -> None:
+        super().__init__(config, sockets)
+        self.socket_dir = socket_dir
+        self.forced_exits = 0
+        self._drainer: threading.Thread | None = None
+
+    def handle_term(self) -> None:
+        self._on_signal("SIGTERM")
+
+    def handle_int(self) -> None:
+        self._on_signal("SIGINT")
+
+    def _on_signal(self, name: str) -> None:
+        if self._drainer is not None:
+            self.forced_exits += 1
+            logger.warning("second signal (%s): killing %d worker(s) now", name, len(self.processes))
+            for process in self.processes:
+                process.kill()
+            self.should_exit.set()
+            return
+        logger.info("%s received: draining %d worker(s)", name, len(self.processes))
+        self._drainer = threading.Thread(target=self._drain_workers, args=(name,), daemon=True)
+        self._drainer.start()
+
+    def _drain_workers(self, reason: str) -> None:
+        from .._admin._client import NoServer, drain_all
+
+        paths = [socket_path(self.socket_dir, process.pid) for process in self.processes if process.pid]
+        try:
+            workers = drain_all(paths, reason=reason)
+            for worker in workers:
+                outcome = worker.result.get("result") if worker.result else worker.error
+                logger.info("worker %s: %s", worker.pid or worker.path, outcome)
+        except NoServer as exc:
+            logger.warning("%s", exc)
+        except Exception:  # the supervisor must still stop its workers
+            logger.exception("draining the workers failed")
+        self.should_exit.set()
+
+
+def load_app(target: str, options: dict[str, Any], *, explicit: frozenset[str] = frozenset()) -> GracefulMiddleware:
+    """Import ``module:attr`` and wrap it in :class:`GracefulMiddleware` unless it already is."""
+    try:
+        app = import_from_string(target)
+    except ImportFromStringError as exc:
+        raise ConfigError(f"cannot load app {target!r}: {exc}") from None
+    if not callable(app):
+        raise ConfigError(
+            f"cannot load app {target!r}: it is a {type(app).__name__}, not an ASGI app; point APP at one"
+        )
+    if isinstance(app, GracefulMiddleware):
+        _warn_conflicts(app, options, explicit)
+        return app
+    drain_options = {k: v for k, v in options.items() if k != "socket_dir"}
+    return GracefulMiddleware(app, socket_dir=options.get("socket_dir"), **drain_options)
+
+
+def _warn_conflicts(app: GracefulMiddleware, options: dict[str, Any], explicit: frozenset[str]) -> None:
+    config = app.drain.config
+    # None means "the default", which the launcher points at --socket-dir through the env.
+    socket_dir = app.settings.socket_dir if app.settings.socket_dir is not None else options.get("socket_dir")
+    current = {name: getattr(config, name) for name in DRAIN_OPTIONS} | {"socket_dir": socket_dir}
+    for name in sorted(explicit):
+        if name in current and options.get(name) != current[name]:
+            value = options.get(name)
+            flag = name.replace("_", "-")
+            given = (f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value!r}"
+            logger.warning(
+                "the app is already wrapped in GracefulMiddleware with %s=%r; ignoring %s", name, current[name], given
+            )
+
+
+def _worker_app() -> GracefulMiddleware:
+    """App factory for ``--workers N``: each spawned worker loads and wraps the app itself."""
+    options = json.loads(os.environ.get(_OPTIONS_ENV, "{}"))
+    explicit = frozenset(options.pop("_explicit", []))
+    app = load_app(os.environ[_APP_ENV], options, explicit=explicit)
+    app.drain.signals_owner = "graceful run --workers"  # the supervisor drains the workers
+    return app
+
+
+def _log_config(level: str) -> dict[str, Any]:
+    # uvicorn configures only its own loggers (in every worker too): add ours beside them.
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["graceful"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    return config
+
+
+def serve(target: str, options: dict[str, Any], explicit: frozenset[str], **config: Any) -> int:
+    """Run ``target`` under uvicorn until drained; return the process exit code."""
+    workers = config.pop("workers", 1)
+    config.setdefault("log_config", _log_config(config.get("log_level", "info")))
+    if options.get("socket_dir"):
+        # Workers, and apps wrapped elsewhere with socket_dir=None, find it here.
+        os.environ["GRACEFUL_SOCKET_DIR"] = options["socket_dir"]
+    if options.get("handoff_streams"):
+        # An app wrapped elsewhere (built from the environment, as examples.server is) reads it here.
+        os.environ["GRACEFUL_HANDOFF_STREAMS"] = "1"
+    socket_dir = options.get("socket_dir") or default_socket_dir()
+    socket_path(socket_dir, 4194304)  # the longest Linux pid: refuse a long dir before starting
+    app = load_app(target, options, explicit=explicit)
+    # Only once the options are known good: this replaces the process's logging setup.
+    logging.config.dictConfig(config["log_config"])
+    logger.info("budget: %s", app.drain.budget.describe(admit=app.drain.admit_during_propagation))
+    if workers > 1:
+        os.environ[_APP_ENV] = target
+        os.environ[_OPTIONS_ENV] = json.dumps({**options, "_explicit": sorted(explicit)})
+        uconfig = uvicorn.Config("graceful._serve._server:_worker_app", factory=True, workers=workers, **config)
+        supervisor = _Supervisor(uconfig, [uconfig.bind_socket()], socket_dir)
+        supervisor.run()
+        return _FORCED_EXIT if supervisor.forced_exits else 0
+    server = GracefulServer(uvicorn.Config(app, **config), app.drain)
+    server.run()
+    return _FORCED_EXIT if server.forced_exits else 0

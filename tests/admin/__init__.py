@@ -1,0 +1,1 @@
+"""The admin protocol (graceful/_admin): the listener and the client over a Unix socket."""

@@ -1,0 +1,1 @@
+"""The middleware (graceful/_asgi): admission, probes, per-request accounting, lifespan, SIGTERM."""

@@ -1,0 +1,96 @@
+"""The preStop hook's start-up counts against the grace period: ``graceful drain`` loads only what it uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+
+import pytest
+
+from tests.utils import ROOT
+
+# What the hook may load from this package, and what it must never load (checked in a fresh interpreter, counting
+# what the hook adds to what the interpreter loaded at start-up: a development interpreter's .pth files may load more).
+# The common forms of `graceful drain` run without click; --help, engine mode and the other commands go through it.
+# Package __init__ files hold a docstring only: loading one costs the hook next to nothing.
+HOOK = {
+    "graceful",
+    "graceful._cli",
+    "graceful._cli._console",
+    "graceful._cli._drain",
+    "graceful._admin",
+    "graceful._admin._client",
+    "graceful._admin._paths",
+    "graceful._drain",
+    "graceful._drain._budget",
+}
+WITH_CLICK = HOOK | {"graceful._cli._main"}
+FORBIDDEN = (
+    "asyncio",
+    "anyio",
+    "h11",
+    "httpx",
+    "logging",
+    "prometheus_client",
+    "urllib",
+    "uvicorn",
+    "graceful._drain._state",
+    "graceful._soak._runner",
+)
+
+# What the console script does (graceful._cli._console.console_main), without its os._exit.
+PROBE = """
+import json, sys
+before = set(sys.modules)
+from graceful._cli._console import _drain_without_click
+code = _drain_without_click(sys.argv[1:])
+if code is None:
+    from graceful._cli._main import main
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(set(sys.modules) - before)}))
+"""
+
+
+def probe(args: list[str], **environment: str) -> tuple[dict[str, object], str]:
+    # -S: no site module, so no .pth file of this interpreter loads anything before the probe
+    # looks (a development interpreter's may import typing, tempfile and more); the checkout and
+    # the site-packages directories come in as plain paths.
+    path = os.pathsep.join([ROOT, *site.getsitepackages()])
+    env = {**os.environ, "PYTHONPATH": path, **environment}
+    command = [sys.executable, "-S", "-c", PROBE, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "allowed", "code"),
+    [
+        (["drain", "--socket", "/nonexistent/graceful.sock"], HOOK, 3),
+        (["drain", "--socket-dir=/nonexistent", "--propagation-wait", "5s", "-q", "--json"], HOOK, 3),
+        (["status", "--socket", "/nonexistent/graceful.sock"], WITH_CLICK, 3),
+        (["drain", "--help"], WITH_CLICK, 0),
+        (["drain", "--timeout=later"], WITH_CLICK, 2),
+    ],
+    ids=["drain", "drain-options", "status", "drain-help", "drain-bad-value"],
+)
+def test_the_hook_loads_only_its_own_modules(args: list[str], allowed: set[str], code: int) -> None:
+    seen, stderr = probe(args)
+    assert seen["code"] == code, stderr
+    modules = seen["modules"]
+    assert isinstance(modules, list)
+    ours = {name for name in modules if name == "graceful" or name.startswith("graceful.")}
+    assert ours == allowed, ours ^ allowed
+    forbidden = FORBIDDEN if "graceful._cli._main" in allowed else (*FORBIDDEN, "click", "typing", "tempfile")
+    loaded = [name for name in modules if name.split(".")[0] in forbidden or name in forbidden]
+    assert loaded == [], loaded
+
+
+def test_engine_mode_loads_the_engine_code_only_when_asked() -> None:
+    args = ["drain", "--engine", "vllm", "--metrics-url", "ftp://bad", "--timeout", "1"]
+    seen, stderr = probe(args)
+    assert seen["code"] == 2 and "not an http(s) URL" in stderr
+    modules = seen["modules"]
+    assert isinstance(modules, list) and "graceful._engine._wait" in modules and "graceful._drain._state" not in modules

@@ -1,0 +1,1 @@
+"""The drain machine (graceful/_drain): states, ledger, runs, budget and options."""

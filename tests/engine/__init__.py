@@ -1,0 +1,1 @@
+"""Engine mode (graceful/_engine): presets, the page parser, the wait."""

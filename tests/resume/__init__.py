@@ -1,0 +1,1 @@
+"""Resumable streams (graceful/_resume): the transports and the splicing rules."""

@@ -1,0 +1,1 @@
+"""``graceful run`` (graceful/_serve) end to end: real processes, real signals."""

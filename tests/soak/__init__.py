@@ -1,0 +1,1 @@
+"""The load generator (graceful/_soak): end reasons and reports."""
