@@ -88,7 +88,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         "the graceful side with --middleware graceful.GracefulMiddleware. Requests ask for exact lengths "
         "(ignore_eos). Defaults: 2 replicas (--quick 1), 1 update, concurrency 12 (--quick 6), "
         "short 8 and long 256 tokens, streams 256/1024/4096 tokens (--quick 256/1024), "
-        "--quick grace period 30s with a 5s reserve. Scenarios default and strict-clients."
+        "grace period 120s (--quick 30s with a 5s reserve). Scenarios default and strict-clients."
     ),
 )
 @click.option("--seed", type=int, default=None, help="Seed for the traffic mix.")

@@ -118,6 +118,9 @@ class Options:
             if quick:
                 # The drain waits for 1024-token streams (about 10 s at worst); vLLM's exit takes 2 to 3 s.
                 options = replace(options, grace_period=30.0, reserve=5.0)
+            else:
+                # Room for a 4096-token stream (about 41 s) in either admission mode.
+                options = replace(options, grace_period=120.0)
         options = replace(options, **user)
         if scenario == "strict-clients" and "retry" not in user:
             options = replace(options, retry="none")
