@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 import h11
 
-from .._drain._budget import ConfigError, parse_duration
+from .._drain._durations import ConfigError, parse_duration
 from .._drain._state import Drain
 from ._paths import default_socket_dir, socket_path
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 
 from .._admin._client import NoServer, WorkerDrain, discover, drain_all
-from .._drain._budget import Budget, ConfigError, check_quiet, parse_duration
+from .._drain._durations import ConfigError, check_quiet, drain_limit, parse_duration, resolve_grace, resolve_reserve
 
 # typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
 TYPE_CHECKING = False
@@ -134,10 +134,10 @@ def run_drain(
         # The preStop hook shares terminationGracePeriodSeconds with everything after it:
         # the drain gets grace_period - reserve at most (the same rule as the server's).
         try:
-            budget = Budget.resolve(grace_period=grace_period, drain_timeout=timeout)
+            grace = resolve_grace(grace_period)
+            timeout = drain_limit(grace, resolve_reserve(grace, None), timeout)
         except ConfigError as exc:
             raise UsageProblem(str(exc)) from None
-        timeout = budget.limit
     if propagation_wait is not None and timeout is not None and propagation_wait > timeout:
         # The deadline would come before the balancers have stopped sending: no drain can succeed.
         if grace_period is not None:

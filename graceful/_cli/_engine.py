@@ -13,7 +13,7 @@ from functools import partial
 import anyio
 import click
 
-from .._drain._budget import ConfigError, env_duration
+from .._drain._durations import ConfigError, env_duration
 from .._engine._config import EngineConfig, EngineDrainResult, EngineProgress
 from .._engine._wait import REFUSED_READS, poll
 

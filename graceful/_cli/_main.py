@@ -14,7 +14,7 @@ import click
 from click.core import ParameterSource
 
 from .._admin._client import NoServer, discover, request_all
-from .._drain._budget import ConfigError, parse_duration
+from .._drain._durations import ConfigError, parse_duration
 from ._drain import BOTH_SOCKETS, EXIT_NO_SERVER, EXIT_USAGE, UsageProblem, run_drain
 
 __all__ = ["cli", "drain_command", "main"]

@@ -1,4 +1,4 @@
-"""Durations and the termination budget.
+"""The termination budget: how long a drain may take, derived from the pod's grace period.
 
 Kubernetes starts one clock when it deletes a pod: ``terminationGracePeriodSeconds``.
 The preStop hook, the drain, SIGTERM handling and process exit all share it, and
@@ -10,81 +10,20 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 
-__all__ = ["Budget", "ConfigError", "check_quiet", "parse_duration"]
+from ._durations import (
+    DEFAULT_GRACE_PERIOD,
+    ConfigError,
+    check_quiet,
+    drain_limit,
+    env_duration,
+    parse_duration,
+    resolve_grace,
+    resolve_reserve,
+)
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
-_HELP = "use a number of seconds or a duration such as 10s, 1.5s, 500ms, 2m or 1m30s"
-
-
-class ConfigError(ValueError):
-    """A user-supplied setting is wrong; the message names the value and the fix."""
-
-
-def parse_duration(value: str | float | int, *, name: str = "duration") -> float:
-    """Parse ``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected a duration, got {value!r}; {_HELP}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        text = value.strip().lower()
-        try:
-            seconds = float(text)
-        except ValueError:
-            seconds = _parse_units(text, value, name)
-    if not math.isfinite(seconds):
-        raise ConfigError(f"{name}: {value!r} is not a finite duration; {_HELP}")
-    if seconds < 0:
-        raise ConfigError(f"{name}: {value!r} is negative; durations must be 0 or more")
-    return seconds
-
-
-def _parse_units(text: str, original: str, name: str) -> float:
-    pos = 0
-    total = 0.0
-    for match in _PART.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    if pos == 0 or pos != len(text):
-        raise ConfigError(f"{name}: {original!r} is not a duration; {_HELP}")
-    return total
-
-
-def env_duration(var: str) -> float | None:
-    """Read a duration from the environment, naming the variable when it is wrong."""
-    raw = os.environ.get(var)
-    if raw is None or raw.strip() == "":
-        return None
-    return parse_duration(raw, name=f"environment variable {var}")
-
-
-DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds
-
-
-def check_quiet(quiet: float, wait: float, *, given: object = None, source: str = "") -> None:
-    """``propagation_quiet`` must be above 0 and no longer than ``propagation_wait``, its upper bound.
-
-    ``given`` is the value as the user wrote it; ``source`` names where it came from
-    when that is not the option itself (an environment variable).
-    """
-    shown = quiet if given is None else given
-    origin = f" ({source}={shown!r})" if source else ""
-    if quiet <= 0:
-        raise ConfigError(
-            f"propagation_quiet: {shown!r}{origin} must be above 0; use the time without a new request after "
-            "which the balancers are taken to have stopped sending, e.g. 2s"
-        )
-    if quiet > wait:
-        raise ConfigError(
-            f"propagation_quiet {quiet:g}s{origin} is longer than propagation_wait {wait:g}s, its upper bound; "
-            f"raise propagation_wait to at least {quiet:g}s (e.g. --propagation-wait 30s) or shorten propagation_quiet"
-        )
+__all__ = ["DEFAULT_GRACE_PERIOD", "Budget", "ConfigError", "check_quiet", "env_duration", "parse_duration"]
 
 
 @dataclass(frozen=True)
@@ -119,26 +58,8 @@ class Budget:
         longer than a configured ``propagation_wait``. With no ``propagation_wait``
         here (0), the quiet rule waits for a drain request that brings one.
         """
-        if grace_period is None:
-            grace = env_duration("GRACEFUL_GRACE_PERIOD")
-            grace = DEFAULT_GRACE_PERIOD if grace is None else grace
-        else:
-            grace = parse_duration(grace_period, name="grace_period")
-        if grace <= 0:
-            raise ConfigError(
-                f"grace_period: {grace_period!r} leaves no time to drain; "
-                "set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
-            )
-        if reserve is None:
-            # 30% and at least 10 s, but never more than half of a short grace period.
-            res = max(0.3 * grace, min(10.0, 0.5 * grace))
-        else:
-            res = parse_duration(reserve, name="reserve")
-            if res >= grace:
-                raise ConfigError(
-                    f"reserve: {reserve!r} is not smaller than grace_period {grace:g}s; "
-                    "lower the reserve or raise the grace period"
-                )
+        grace = resolve_grace(grace_period)
+        res = resolve_reserve(grace, reserve)
         timeout = None if drain_timeout is None else parse_duration(drain_timeout, name="drain_timeout")
         wait = parse_duration(propagation_wait, name="propagation_wait")
         source = ""
@@ -158,8 +79,7 @@ class Budget:
     @property
     def limit(self) -> float:
         """Seconds from drain start to the deadline."""
-        room = self.grace_period - self.reserve
-        return room if self.drain_timeout is None else min(self.drain_timeout, room)
+        return drain_limit(self.grace_period, self.reserve, self.drain_timeout)
 
     def longest_covered(self, *, admit: bool) -> float:
         """The longest request (queueing included) that this budget lets finish.

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ._budget import ConfigError, parse_duration
+from ._durations import ConfigError, parse_duration
 
 __all__ = ["ENVIRON", "PREFIX", "from_environ", "variable"]
 

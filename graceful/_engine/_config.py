@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from .._drain._budget import DEFAULT_GRACE_PERIOD, ConfigError, parse_duration
+from .._drain._durations import DEFAULT_GRACE_PERIOD, ConfigError, parse_duration
 from ._page import parse_metric
 from ._presets import PRESETS, EnginePreset
 

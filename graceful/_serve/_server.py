@@ -29,7 +29,7 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 
 from .._admin._paths import default_socket_dir, socket_path
 from .._asgi._middleware import GracefulMiddleware
-from .._drain._budget import ConfigError
+from .._drain._durations import ConfigError
 from .._drain._options import DRAIN_OPTIONS
 from .._drain._state import Drain
 from .._drain._status import State
