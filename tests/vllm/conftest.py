@@ -13,11 +13,8 @@ variables, its log lines shown through ``VLLM_LOGGING_CONFIG_PATH=examples/vllm/
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -28,27 +25,16 @@ from typing import Any
 import httpx
 import pytest
 
+from examples.rollout.vllm import START_LIMIT, prepare
+from examples.rollout.vllm import VLLM_ENV as CPU_ENV
+from tests.servers import Launched
 from tests.utils import ROOT
 
 VENV = Path(ROOT) / ".vllm" / "venv"
 VLLM = os.environ.get("GRACEFUL_VLLM") or str(VENV / "bin" / "vllm")
-MAKE_MODEL = Path(__file__).with_name("make_model.py")
-# A server on two cores: engine start-up with a model this small takes 25 to 90 s.
-START_LIMIT = 240.0
-
-# vLLM on the CPU: no accelerator to detect, a 1 GiB KV cache, the engine's OpenMP threads on
-# core 0 so that the API server, the hook and the tests keep core 1. No hub, no usage reports.
-VLLM_ENV = {
-    "VLLM_TARGET_DEVICE": "cpu",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "0",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "VLLM_LOGGING_CONFIG_PATH": str(Path(ROOT) / "examples" / "vllm" / "logging.json"),
-    "PYTHONUNBUFFERED": "1",
-}
+# The CPU environment and the model cache are the rollout demo's (examples/rollout/vllm.py): the
+# engine's OpenMP threads on core 0, a 1 GiB KV cache, no hub, graceful's log lines shown.
+VLLM_ENV = CPU_ENV
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -63,16 +49,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def model_dir() -> str:
     """The tiny model, made once per version of make_model.py and kept under .vllm/."""
-    digest = hashlib.sha256(MAKE_MODEL.read_bytes()).hexdigest()[:12]
-    target = Path(ROOT) / ".vllm" / f"model-{digest}"
-    if not (target / "model.safetensors").exists():
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        python = str(Path(VLLM).with_name("python"))
-        subprocess.run([python, str(MAKE_MODEL), str(partial)], check=True, timeout=300, capture_output=True)
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-    return str(target)
+    return prepare(VLLM).model
 
 
 def http_port(pid: int) -> int | None:
@@ -95,10 +72,14 @@ def http_port(pid: int) -> int | None:
     return None
 
 
-class VllmServer:
-    """One ``vllm serve`` process group on 127.0.0.1 with graceful inside, its log in a file."""
+class VllmServer(Launched):
+    """One ``vllm serve`` process group on 127.0.0.1 with graceful inside, its log in a file.
+
+    ``log``, ``url``, ``sockets``, ``wait_log`` and ``wait_exit`` are ``Launched``'s.
+    """
 
     def __init__(self, model: str, args: tuple[str, ...], socket_dir: str, log: Path, env: dict[str, str]) -> None:
+        self.name = "vllm"
         self.model = model
         self.socket_dir = socket_dir
         self.log_path = log
@@ -118,21 +99,7 @@ class VllmServer:
                 command, cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT, process_group=0
             )
 
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def url(self, path: str) -> str:
-        return self.base + path
-
-    def sockets(self) -> list[str]:
-        return sorted(glob.glob(os.path.join(self.socket_dir, "*.sock")))
-
-    def wait_ready(self, sockets: int = 1, limit: float = START_LIMIT) -> None:
+    def wait_ready(self, sockets: int = 1, limit: float = START_LIMIT) -> None:  # type: ignore[override]
         """Until the port is bound, ``sockets`` admin sockets exist and the middleware's /ready says 200."""
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
@@ -147,18 +114,6 @@ class VllmServer:
                     pass
             time.sleep(0.25)
         raise AssertionError(f"vllm not ready after {limit}s:\n{self.log[-6000:]}")
-
-    def wait_log(self, text: str, limit: float = 30.0) -> None:
-        deadline = time.monotonic() + limit
-        while text not in self.log:
-            assert time.monotonic() < deadline, f"never logged {text!r}:\n{self.log[-6000:]}"
-            time.sleep(0.05)
-
-    def wait_exit(self, limit: float) -> int:
-        try:
-            return self.process.wait(limit)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"vllm still running after {limit}s:\n{self.log[-6000:]}") from None
 
     def stop(self) -> None:
         if self.process.poll() is None:
