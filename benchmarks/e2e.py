@@ -15,9 +15,12 @@ interval is at or above the target, "missed" when it is all below, and "not sett
 spans the target.
 
 The server's CPU time per request (``/proc/PID/schedstat`` over the wrk run, divided by the
-requests wrk counted) is reported beside it: how much longer the wrapped server works on one
-request, in microseconds, and how busy its core was (near 100% means the server, not wrk,
-set the rate). Access logs are off in both.
+requests wrk counted; the user-space part from ``/proc/PID/stat``) is reported beside it: how
+much longer the wrapped server works on one request, in microseconds, and bare / wrapped CPU
+time per request, the req/s ratio of two servers that each have a core to themselves, which
+other processes taking turns on the server's core do not move as they move req/s (same
+interval). "Busy" is the server's CPU time over the wall time of the wrk run: below 100%, wrk
+or other processes set part of the pace. Access logs are off in both.
 
     python -m benchmarks.e2e [--rounds 20] [--duration 2] [--connections 16] [--paths short,stream]
                              [--server-cpu N] [--wrk-cpu N]
@@ -303,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
                 "GracefulMiddleware, us (user)",
                 "added, us (median of rounds)",
                 "95% interval",
+                "bare / wrapped CPU per request (median of rounds)",
+                "95% interval",
                 "server core busy (bare / wrapped)",
             ],
             cpu_rows,
@@ -326,12 +331,17 @@ def _rows(label: str, bare: list[Run], wrapped: list[Run]) -> tuple[list[str], l
         f"{min(ratios):.3f} - {max(ratios):.3f}",
         verdict(interval, ratio),
     ]
+    # The req/s ratio a server with its core to itself would give: bare / wrapped CPU per request.
+    cpu_ratios = [b.cpu_us / w.cpu_us for b, w in zip(bare, wrapped)]
+    cpu_interval = median_interval(cpu_ratios)
     cpu_row = [
         label,
         f"{median([r.cpu_us for r in bare]):.1f} ({median([r.user_us for r in bare]):.1f})",
         f"{median([r.cpu_us for r in wrapped]):.1f} ({median([r.user_us for r in wrapped]):.1f})",
         f"{median(added):+.2f}",
         "-" if added_interval is None else f"{added_interval[0]:+.2f} - {added_interval[1]:+.2f}",
+        f"{median(cpu_ratios):.3f}",
+        "-" if cpu_interval is None else f"{cpu_interval[0]:.3f} - {cpu_interval[1]:.3f}",
         f"{median([r.busy for r in bare]):.0%} / {median([r.busy for r in wrapped]):.0%}",
     ]
     return row, cpu_row
