@@ -6,7 +6,13 @@ the drive suspends, so one task runs many requests back to back and the event lo
 adds nothing per request. Variants are interleaved in rounds and each figure is the
 median over rounds, which keeps a noisy neighbour from favouring one variant.
 
+Back to back, every variant runs with its code and data in the CPU's caches: the figures are
+warm-cache figures. With ``--evict KIB``, each request is timed alone, after a copy of a buffer
+of that size has evicted them, as a server's own work between two requests does (uvicorn runs
+about 230,000 instructions per short request; see RESULTS.md #2). The copy is not timed.
+
     python -m benchmarks.inprocess [--rounds 15] [--requests 4000] [--streams 300] [--frames 100]
+                                   [--evict KIB]
 """
 
 from __future__ import annotations
@@ -126,10 +132,28 @@ BARE, FLOOR, GRACEFUL, BASEHTTP = VARIANTS
 async def timed(app: ASGIApp, n: int) -> float:
     """Seconds per request over ``n`` back-to-back requests."""
     scope = SCOPE
+    if EVICT:
+        return await timed_cold(app, n, EVICT)
     start = time.perf_counter()
     for _ in range(n):
         await app(scope, receive, sink)
     return (time.perf_counter() - start) / n
+
+
+EVICT = bytearray()  # set by --evict
+
+
+async def timed_cold(app: ASGIApp, n: int, evict: bytearray) -> float:
+    """Seconds per request, each request timed alone after ``evict`` has been copied (not timed)."""
+    scope = SCOPE
+    clock = time.perf_counter
+    total = 0.0
+    for _ in range(n):
+        bytes(evict)
+        start = clock()
+        await app(scope, receive, sink)
+        total += clock() - start
+    return total / n
 
 
 async def measure(rounds: int, requests: int, streams: int, frames: int) -> dict[str, dict[str, float]]:
@@ -201,7 +225,8 @@ def report(result: dict[str, dict[str, float]], frames: int) -> str:
     ]
     return "\n\n".join(
         [
-            f"Machine: {machine()}",
+            f"Machine: {machine()}"
+            + (f"; every request timed alone after a {len(EVICT) >> 10} KiB copy (--evict)" if EVICT else ""),
             table(
                 [
                     "variant",
@@ -226,7 +251,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=4000, help="short requests per variant per round")
     parser.add_argument("--streams", type=int, default=300, help="streams per variant per round")
     parser.add_argument("--frames", type=int, default=100, help="frames per stream")
+    parser.add_argument("--evict", type=int, default=0, metavar="KIB", help="copy this much memory before each request")
     args = parser.parse_args(argv)
+    if args.evict < 0:
+        parser.error(f"--evict {args.evict}: give a size in KiB, 0 or more (4096 empties this machine's L2)")
+    EVICT[:] = bytes(args.evict << 10)
     result = asyncio.run(measure(args.rounds, args.requests, args.streams, args.frames))
     print(report(result, args.frames))
 

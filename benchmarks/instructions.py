@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+from graceful._asgi._types import ASGIApp
+
 from ._common import machine, table
 from .inprocess import SCOPE, VARIANTS, make_app, receive, sink
 
@@ -38,7 +40,7 @@ def child(variant: str, frames: int, n: int) -> None:
     if variant == NO_REQUEST_ID:
         mw = GracefulMiddleware(app, registry=CollectorRegistry(), admin=False, request_id_header=None)
         mw.drain.mark_serving()
-        target = mw
+        target: ASGIApp = mw
     else:
         target = VARIANTS[variant](app)
 

@@ -31,6 +31,17 @@ def test_inprocess(capsys: pytest.CaptureFixture[str]) -> None:
     assert "<= 0.25 us" in out
 
 
+def test_inprocess_cold(capsys: pytest.CaptureFixture[str]) -> None:
+    """--evict times each request alone after the copy; a later run without it is warm again."""
+    inprocess.main(["--rounds", "2", "--requests", "20", "--streams", "3", "--frames", "5", "--evict", "64"])
+    assert "after a 64 KiB copy (--evict)" in capsys.readouterr().out
+    inprocess.main(["--rounds", "2", "--requests", "20", "--streams", "3", "--frames", "5"])
+    assert "--evict" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        inprocess.main(["--evict", "-1"])
+    assert "--evict -1: give a size in KiB" in capsys.readouterr().err
+
+
 def test_scale(capsys: pytest.CaptureFixture[str]) -> None:
     scale.main(["--streams", "50", "--repeat", "5", "--rounds", "2"])
     out = capsys.readouterr().out
@@ -84,6 +95,19 @@ def test_e2e_interval() -> None:
     assert e2e.sign_rank(6) == (1, 1 - 2 / 2**6)
     assert e2e.sign_rank(20) == (6, 1 - 2 * sum(math.comb(20, i) for i in range(6)) / 2**20)
     assert e2e.median_interval([float(i) for i in range(20, 0, -1)]) == (6.0, 15.0)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="e2e_profile pins the server and its client to 2 CPUs")
+def test_e2e_profile_without_callgrind(capsys: pytest.CaptureFixture[str]) -> None:
+    """The profile and the timed collector run in seconds; the callgrind counts need valgrind and minutes."""
+    from benchmarks import e2e_profile
+
+    args = ["--no-callgrind", "--requests", "20", "--gc-requests", "40", "--variants", "bare,receive_too,wrapped"]
+    e2e_profile.main([*args, "--paths", "stream"])
+    out = capsys.readouterr().out
+    assert "| `send (graceful/" in out  # Call.send, once per frame: only the wrapped server has it
+    for variant in ("bare", "receive_too", "wrapped"):
+        assert f"| {e2e_profile.VARIANTS[variant]} |" in out
 
 
 def test_instructions_child_runs_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
