@@ -64,8 +64,10 @@ class Budget:
         wait = parse_duration(propagation_wait, name="propagation_wait")
         source = ""
         if propagation_quiet is None:
-            quiet = env_duration("GRACEFUL_PROPAGATION_QUIET")
             given: object = os.environ.get("GRACEFUL_PROPAGATION_QUIET")
+            # "none" or "off" is the default spelled out (no quiet rule), as for GRACEFUL_DRAIN_TIMEOUT.
+            off = isinstance(given, str) and given.strip().lower() in ("none", "off")
+            quiet = None if off else env_duration("GRACEFUL_PROPAGATION_QUIET")
             source = "environment variable GRACEFUL_PROPAGATION_QUIET"
         else:
             quiet = parse_duration(propagation_quiet, name="propagation_quiet")

@@ -295,6 +295,14 @@ def test_env_variable_sets_it_and_names_itself_when_wrong(monkeypatch: pytest.Mo
     assert "GRACEFUL_PROPAGATION_QUIET='20s'" in str(info.value) and "propagation_wait 10s" in str(info.value)
 
 
+@pytest.mark.parametrize("off", ["none", "off", " None "])
+def test_env_variable_none_turns_it_off(monkeypatch: pytest.MonkeyPatch, off: str) -> None:
+    """docs/middleware.md's environment table: a duration, or none."""
+    monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", off)
+    assert Drain(propagation_wait=10).budget.propagation_quiet is None
+    assert Drain(propagation_wait=10, propagation_quiet=3).budget.propagation_quiet == 3.0  # the option still wins
+
+
 # -- what users see: metric, progress, log ------------------------------------------------------
 
 
