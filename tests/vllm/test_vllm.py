@@ -198,6 +198,7 @@ def test_engine_mode_reads_the_real_metrics_page(replica: VllmServer) -> None:
     idle = engine_hook(replica, "--timeout", "20s")
     assert idle["result"] == "idle" and idle["values"] == {"vllm:num_requests_running": 0.0,
                                                            "vllm:num_requests_waiting": 0.0}  # fmt: skip
+    assert idle["reads"] == 2, idle  # idle_reads' default: the second read in a row at zero ends it
     busy = Stream("completion", 4000).run(replica)
     assert busy.first.wait(60) and not busy.ended.is_set(), (busy.status, busy.events[-2:], repr(busy.error))
     short = engine_hook(replica, "--timeout", "1s")
