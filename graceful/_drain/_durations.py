@@ -41,9 +41,12 @@ def parse_duration(value: str | float | int, *, name: str = "duration") -> float
     else:
         text = value.strip().lower()
         try:
-            seconds = float(text)
+            number: float | None = float(text)
         except ValueError:
-            seconds = _parse_units(text, value, name)
+            number = None
+        # Parsed outside the except block, so that a wrong value's ConfigError comes alone,
+        # without float()'s ValueError chained above it (a server's log shows both otherwise).
+        seconds = _parse_units(text, value, name) if number is None else number
     if not math.isfinite(seconds):
         raise ConfigError(f"{name}: {value!r} is not a finite duration; {_HELP}")
     if seconds < 0:

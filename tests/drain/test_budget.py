@@ -166,6 +166,8 @@ def test_budget_errors_word_for_word(options: dict[str, object], message: str) -
     with pytest.raises(ConfigError) as info:
         Budget.resolve(**options)  # type: ignore[arg-type]
     assert str(info.value) == message
+    # The error comes alone: no ValueError from float() chained above it in a server's log.
+    assert info.value.__context__ is None and info.value.__cause__ is None
 
 
 def test_quiet_period_from_the_environment_is_named_in_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,7 @@ trained here on text this script generates, so the same files come out on every 
 
 The directory then holds what ``vllm serve DIR`` needs: ``config.json``,
 ``generation_config.json``, ``model.safetensors``, ``tokenizer.json``,
-``tokenizer_config.json`` (with a chat template, for ``/v1/chat/completions``) and
-``special_tokens_map.json``.
+``tokenizer_config.json`` and ``chat_template.jinja`` (for ``/v1/chat/completions``).
 
 Shape: hidden 128, 2 attention heads of head_dim 64 (vLLM's CPU attention refuses head_dim 16:
 "Unsupported CPU attention configuration"), 2 layers, intermediate 256, 16384 positions,
