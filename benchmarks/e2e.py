@@ -97,36 +97,52 @@ class Server:
 
 @contextmanager
 def uvicorn_server(target: str, cpu: int | None = None) -> Iterator[Server]:
-    # uvicorn inherits a socket bound and listening here: no window for another process.
+    with launched(lambda fd: [sys.executable, "-c", _LAUNCH, target, str(fd)], target, cpu) as server:
+        yield server
+
+
+@contextmanager
+def launched(
+    command: Callable[[int], list[str]],
+    name: str,
+    cpu: int | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    start_limit: float = 20.0,
+    stop_limit: float = 10.0,
+) -> Iterator[Server]:
+    """The server ``command(fd)`` starts on a listening socket it inherits as ``fd``: bound and
+    listening here, so no other process can take its port in between. Stopped on exit."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1024)
     port = int(listener.getsockname()[1])
-    command = [sys.executable, "-c", _LAUNCH, target, str(listener.fileno())]
     # wrk cuts its connections mid-stream when it stops, and asyncio logs each cut write on stderr:
     # into a file, read only to say why a server did not start.
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            command,
+            command(listener.fileno()),
             cwd=_root(),
+            stdout=subprocess.DEVNULL,
             stderr=log,
             pass_fds=(listener.fileno(),),
+            env=env,
             preexec_fn=None if cpu is None else _pin(cpu),
         )
         listener.close()
         try:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + start_limit
             while not _answers(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     log.seek(0)
                     said = log.read()[-2000:].decode(errors="replace").strip()
-                    raise RuntimeError(f"uvicorn {target} did not start (exit code {proc.poll()}): {said}")
+                    raise RuntimeError(f"uvicorn {name} did not start (exit code {proc.poll()}): {said}")
                 time.sleep(0.02)
             yield Server(port, proc.pid)
         finally:
             proc.terminate()
             try:
-                proc.wait(10)
+                proc.wait(stop_limit)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -39,12 +39,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable
+from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 from benchmarks._common import machine, table
-from benchmarks.e2e import PATHS, Server, _answers, _pin, _root, cpu_ns, cpus
+from benchmarks.e2e import PATHS, Server, _pin, _root, cpu_ns, cpus, launched
 from graceful._asgi._types import ASGIApp, Message, Receive, Scope, Send
 
 VARIANTS = {
@@ -207,37 +207,16 @@ def _drive_pinned(port: int, path: str, n: int, cpu: int) -> None:
 # -- the server --------------------------------------------------------------------------------
 
 
-@contextmanager
-def server(target: str, mode: str, out: str, cpu: int, prefix: tuple[str, ...] = ()) -> Iterator[Server]:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1024)
-    port = int(listener.getsockname()[1])
+def server(target: str, mode: str, out: str, cpu: int, prefix: tuple[str, ...] = ()) -> ContextManager[Server]:
     python = os.path.realpath(sys.executable) if prefix else sys.executable
-    proc = subprocess.Popen(
-        [*prefix, python, "-c", _CHILD, target, str(listener.fileno()), out, mode],
-        cwd=_root(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        pass_fds=(listener.fileno(),),
+    return launched(
+        lambda fd: [*prefix, python, "-c", _CHILD, target, str(fd), out, mode],
+        target,
+        cpu,
         env={**os.environ, "PYTHONHASHSEED": "0"},
-        preexec_fn=_pin(cpu),
+        start_limit=300,  # valgrind starts an interpreter in seconds, not milliseconds
+        stop_limit=60,
     )
-    listener.close()
-    try:
-        deadline = time.monotonic() + 300  # valgrind starts an interpreter in seconds, not milliseconds
-        while not _answers(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn {target} did not start")
-            time.sleep(0.1)
-        yield Server(port, proc.pid)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _signal_and_wait(pid: int, signum: int, path: str) -> None:
