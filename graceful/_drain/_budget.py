@@ -22,6 +22,7 @@ from ._durations import (
     resolve_grace,
     resolve_reserve,
 )
+from ._environ import from_environ
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "Budget", "ConfigError", "check_quiet", "env_duration", "parse_duration"]
 
@@ -64,10 +65,9 @@ class Budget:
         wait = parse_duration(propagation_wait, name="propagation_wait")
         source = ""
         if propagation_quiet is None:
+            # Read as the environment table reads it (a duration, or none/off for no quiet rule).
+            quiet = from_environ(("propagation_quiet",)).get("propagation_quiet")
             given: object = os.environ.get("GRACEFUL_PROPAGATION_QUIET")
-            # "none" or "off" is the default spelled out (no quiet rule), as for GRACEFUL_DRAIN_TIMEOUT.
-            off = isinstance(given, str) and given.strip().lower() in ("none", "off")
-            quiet = None if off else env_duration("GRACEFUL_PROPAGATION_QUIET")
             source = "environment variable GRACEFUL_PROPAGATION_QUIET"
         else:
             quiet = parse_duration(propagation_quiet, name="propagation_quiet")
