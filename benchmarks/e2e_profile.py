@@ -66,6 +66,9 @@ IN_PROCESS = {
 }
 IN_PROCESS_FRAMES = {"short": 0, "stream": 21}  # the Starlette stream: 20 frames and [DONE], then the end
 CONNECTIONS = 16
+# Bounds on every wait for another process: a valgrind run of a few thousand requests takes minutes.
+CLIENT_LIMIT = 900.0
+TOOL_LIMIT = 600.0
 WARM_UP = 200
 EVENTS = {"instructions": ("Ir",), "L1 misses": ("I1mr", "D1mr", "D1mw"), "mispredicts": ("Bcm", "Bim")}
 
@@ -179,7 +182,7 @@ def _recv(sock: socket.socket) -> bytes:
 
 def drive(port: int, path: str, n: int) -> None:
     """Exactly ``n`` requests over CONNECTIONS keep-alive connections, CONNECTIONS in flight at a time."""
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(CONNECTIONS)]
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in range(CONNECTIONS)]
     try:
         for sock in socks:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -201,7 +204,7 @@ def drive(port: int, path: str, n: int) -> None:
 def _drive_pinned(port: int, path: str, n: int, cpu: int) -> None:
     """``drive`` in a process of its own on ``cpu``, off the server's CPU."""
     command = [sys.executable, "-m", "benchmarks.e2e_profile", "--client", str(port), path, str(n)]
-    subprocess.run(command, cwd=_root(), check=True, preexec_fn=_pin(cpu))
+    subprocess.run(command, cwd=_root(), check=True, timeout=CLIENT_LIMIT, preexec_fn=_pin(cpu))
 
 
 # -- the server --------------------------------------------------------------------------------
@@ -258,6 +261,7 @@ def _annotate(dump: str, inclusive: bool) -> dict[str, int]:
         capture_output=True,
         text=True,
         check=True,
+        timeout=TOOL_LIMIT,
     ).stdout
     costs: dict[str, int] = {}
     total = 0
@@ -286,9 +290,11 @@ def through_uvicorn(name: str, path: str, n: int, cpus_: tuple[int, int], tmp: s
     prefix = (*_CALLGRIND, f"--callgrind-out-file={out}")
     with server(TARGETS[name], "callgrind", out, cpus_[0], prefix) as s:
         _drive_pinned(s.port, path, WARM_UP, cpus_[1])
-        subprocess.run(["callgrind_control", "-z", str(s.pid)], check=True, capture_output=True)
+        subprocess.run(["callgrind_control", "-z", str(s.pid)], check=True, capture_output=True, timeout=TOOL_LIMIT)
         _drive_pinned(s.port, path, n, cpus_[1])
-        subprocess.run(["callgrind_control", "-d", "measured", str(s.pid)], check=True, capture_output=True)
+        subprocess.run(
+            ["callgrind_control", "-d", "measured", str(s.pid)], check=True, capture_output=True, timeout=TOOL_LIMIT
+        )
     dump = out + ".1"  # the first dump; the one at exit is ``out``
     got = _per_request(_summary(dump), n)
     got["in the garbage collector"] = _annotate(dump, inclusive=True).get("gc_collect_main", 0) / n
@@ -309,6 +315,7 @@ def in_process(name: str, frames: int, n: int, tmp: str) -> dict[str, float]:
             cwd=_root(),
             capture_output=True,
             check=True,
+            timeout=CLIENT_LIMIT,
             env={**os.environ, "PYTHONHASHSEED": "0"},
         )
         counts.append(_summary(out))
