@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -120,10 +119,6 @@ async def _drop_body(scope: Scope, receive: Receive) -> bool:
     return False
 
 
-_NO_HEADERS: list[tuple[bytes, bytes]] = []  # shared until a response starts; never mutated
-_STARTED: list[tuple[bytes, bytes]] = []  # a response started without headers; never mutated
-
-
 async def _drop(message: Message) -> None:
     """Stands in for the server's send once the deadline has ended a response."""
 
@@ -133,25 +128,29 @@ class Call(Tracked):
 
     The count also ends if the client disconnects, the app raises or the task is
     cancelled, exactly once whichever comes first.
+
+    The middleware makes it with ``Call()`` and fills its fields at admission, in its own
+    frame: ``ledger`` (the drain), ``open``, ``config``,
+    ``scope``, ``server_receive``, ``server_send``, ``task`` (the asyncio task the
+    deadline cancels, or None) and ``last`` (None). The rest are set when they happen:
+    ``start`` (the response start message, as sent), ``before`` (the frame before
+    ``last``) and ``cancel_scope`` (loops other than asyncio); until then they are unset,
+    and only the slow paths below read them, through ``getattr``.
     """
 
-    __slots__ = ("config", "scope", "_receive", "_send", "task", "cancel_scope", "headers", "last", "before")
+    __slots__ = ("config", "scope", "server_receive", "server_send", "task", "last", "before", "start", "cancel_scope")
     ledger: Drain
-
-    def __init__(self, config: Config, scope: Scope, receive: Receive, send: Send, task: Any) -> None:
-        # Tracked's fields set here, without a super() call: this runs once per request.
-        self.ledger = config.drain
-        self.open = True
-        self.t0 = time.monotonic()
-        self.config = config
-        self.scope = scope
-        self._receive = receive
-        self._send = send
-        self.task: asyncio.Task[Any] | None = task
-        self.cancel_scope: anyio.CancelScope | None = None
-        self.headers: list[tuple[bytes, bytes]] = _NO_HEADERS  # until the response starts
-        self.last: bytes | None = None
-        self.before: bytes | None = None
+    config: Config
+    scope: Scope
+    server_receive: Receive
+    server_send: Send
+    task: asyncio.Task[Any] | None
+    last: bytes | None
+    before: bytes | None  # unset until the second streamed frame
+    start: Message  # unset until the response starts
+    cancel_scope: anyio.CancelScope  # unset on asyncio
+    # Calling the class runs no Python __init__: the middleware sets the fields itself.
+    __init__ = object.__init__
 
     # The middleware runs the app and admits the call itself (one coroutine frame less
     # per request); these are the slow paths around it.
@@ -166,7 +165,7 @@ class Call(Tracked):
         if self.open:
             self.finish(_classify(exc))
             return False
-        if self._send is _drop and isinstance(exc, asyncio.CancelledError) and self.task is not None:
+        if self.server_send is _drop and isinstance(exc, asyncio.CancelledError) and self.task is not None:
             # We cancelled it at the deadline and already ended the response: do not
             # let the server log our own cancellation as an application error.
             if hasattr(self.task, "uncancel"):
@@ -175,7 +174,7 @@ class Call(Tracked):
         return False
 
     async def receive(self) -> Message:
-        message = await self._receive()
+        message = await self.server_receive()
         if message["type"] == "http.disconnect":
             self.finish(CLIENT_DISCONNECTED)
         return message
@@ -187,23 +186,22 @@ class Call(Tracked):
             try:
                 body = message["body"]  # a subscript and a constant: the cheapest check per frame
             except KeyError:  # a frame without a body (it may leave "body" out): nothing to watch
-                return self._send(message)
+                return self.server_send(message)
             if body == b"data: [DONE]\n\n":
                 return self._done(message)
             # The last two frames, for _done: an engine's abort is the finish chunk, followed by
             # a usage chunk when the client asked for one.
             self.before = self.last
             self.last = body
-            return self._send(message)
+            return self.server_send(message)
         kind = message["type"]
         if kind == "http.response.body":
             return self._send_last(message)
         if kind == "http.response.start":
+            self.start = message
             config = self.config
             if config.request_id_header is None and self.ledger.state is SERVING:
-                # Nothing to add: the app's message goes through as it is.
-                self.headers = message.get("headers") or _STARTED
-                return self._send(message)
+                return self.server_send(message)  # nothing to add: the app's message goes through as it is
             # A copy of the app's list (it may reuse one list for every response), set into its
             # message in place, as starlette's MutableHeaders does.
             headers = list(message.get("headers", ()))
@@ -214,10 +212,10 @@ class Call(Tracked):
                     # Keep-alive clients and balancers must stop reusing this connection.
                     headers.append((b"connection", b"close"))
                 if self.ledger.handing_off:
-                    self.headers = message["headers"] = headers
+                    message["headers"] = headers
                     return self._start_then_hand_off(message)
-            self.headers = message["headers"] = headers
-        return self._send(message)
+            message["headers"] = headers
+        return self.server_send(message)
 
     async def _done(self, message: Message) -> None:
         """``data: [DONE]``, the end of an OpenAI-style stream: passed on, unless the engine aborted it.
@@ -228,13 +226,14 @@ class Call(Tracked):
         instead of ``[DONE]`` (resumable when the request is), so no client takes it for a
         whole answer.
         """
-        frames = [frame for frame in (self.before, self.last) if frame is not None and _ABORT in frame]
+        last_two = (getattr(self, "before", None), self.last)
+        frames = [frame for frame in last_two if frame is not None and _ABORT in frame]
         if not frames or not any(map(_aborted, frames)) or self.content_type_media() != b"text/event-stream":
-            await self._send(message)
+            await self.server_send(message)
             return
         self.ledger.count_truncated("engine_abort")
         logger.info("%s: the engine aborted the stream; it ends with the retryable final frame", self.label())
-        send, self._send = self._send, _drop
+        send, self.server_send = self.server_send, _drop
         frame = self._final_frame()(self.content_type())
         if frame is not None:
             await send({"type": "http.response.body", "body": frame, "more_body": True})
@@ -244,18 +243,28 @@ class Call(Tracked):
 
     async def _start_then_hand_off(self, message: Message) -> None:
         """A response that starts once the handoff has begun: a resumable stream is handed off at once."""
-        await self._send(message)
+        await self.server_send(message)
         await self.hand_off()
 
     async def _send_last(self, message: Message) -> None:
         """The body message that ends the response: the count ends once the server has it."""
-        await self._send(message)
-        if self.open:  # Tracked.finish, inlined: this runs once per request
+        await self.server_send(message)
+        if self.open:  # Tracked.finish and Drain.release_item, inlined: this runs once per request
             self.open = False
-            self.ledger.release_item(self, COMPLETED)
+            ledger = self.ledger
+            work = ledger.admitted
+            del work[self]
+            ledger.outcomes[COMPLETED] += 1
+            if not work and ledger.run is not None:
+                ledger.run.wake()
+
+    def started(self) -> bool:
+        """Whether the response has started (its start message went to the server)."""
+        return getattr(self, "start", None) is not None
 
     def content_type(self) -> bytes:
-        for name, value in self.headers:
+        start = getattr(self, "start", None)
+        for name, value in (start.get("headers") or ()) if start is not None else ():
             if name.lower() == b"content-type":
                 return bytes(value)
         return b""
@@ -278,7 +287,7 @@ class Call(Tracked):
 
     async def hand_off(self) -> bool:
         """End a resumable SSE stream now with the final event, for its client to continue elsewhere."""
-        if not self.open or self.headers is _NO_HEADERS or not self.resumable():
+        if not self.open or not self.started() or not self.resumable():
             return False
         if self.content_type_media() != b"text/event-stream":
             return False
@@ -290,10 +299,10 @@ class Call(Tracked):
         await self._end(CANCELLED)
 
     async def _end(self, outcome: int) -> None:
-        send = self._send
-        self._send = _drop
+        send = self.server_send
+        self.server_send = _drop
         try:
-            if self.headers is _NO_HEADERS:  # the response has not started
+            if not self.started():
                 close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in _HTTP1 else []
                 await json_response(send, 503, shutdown_error(), close)
             else:
@@ -304,10 +313,11 @@ class Call(Tracked):
         except Exception:  # the client may be gone already; the cancel below still applies
             pass
         self.finish(outcome)
+        cancel_scope = getattr(self, "cancel_scope", None)
         if self.task is not None:
             self.task.cancel()
-        elif self.cancel_scope is not None:
-            self.cancel_scope.cancel()
+        elif cancel_scope is not None:
+            cancel_scope.cancel()
 
 
 _ABORT = b'"abort"'

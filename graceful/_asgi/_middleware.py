@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,8 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "final_frame": default_final_frame,
 }
 
-_new_call = object.__new__
-_init_call = Call.__init__
+# Loaded as a module global: one lookup, no attribute access, per request.
+_monotonic = time.monotonic
 
 
 class GracefulMiddleware:
@@ -138,7 +138,8 @@ class GracefulMiddleware:
         self.reject_over = reject_over
         # How to find the task that runs a request, so the deadline can cancel it; chosen
         # on the first request, when we know which event loop runs us.
-        self.current_task: Callable[[], asyncio.Task[Any] | None] = self._detect_loop
+        self.current_task: Callable[[Any], asyncio.Task[Any] | None] = self._detect_loop
+        self.loop: asyncio.AbstractEventLoop | None = None
 
         from ._metrics import MultiprocessMirror, multiprocess_dir, register
 
@@ -181,21 +182,26 @@ class GracefulMiddleware:
             drain = self.drain
             if drain.state is not SERVING and self._turned_away(scope):
                 return await self._refuse(scope, receive, send, REFUSAL[drain.state])
-            # Call(self.settings, scope, receive, send, task), made in two steps: calling the class
-            # runs __init__ through the type's slot, in a nested run of the interpreter, while
-            # calling Call.__init__ as a plain function runs it inline, a frame like any other.
-            call = _new_call(Call)
-            # self.current_task and self.app are attributes, not methods: loaded as plain attributes
-            # and then called, they skip the slower method-call path.
+            # The request's record, filled here rather than by a Python __init__ (one frame less
+            # per request); Call's docstring lists its fields.
+            call = Call()
+            # self.current_task is an attribute, not a method: loaded as one and then called, it
+            # skips the slower method-call path. It is the loop's table of current tasks' get.
             current_task = self.current_task
-            task = current_task()
-            _init_call(call, self.settings, scope, receive, send, task)
+            call.task = task = current_task(self.loop)
+            call.ledger = drain
+            call.open = True
+            call.config = self.settings
+            call.scope = scope
+            call.server_receive = receive
+            call.server_send = send
+            call.last = None
             # Drain.admit_item, inlined: this runs once per request.
             work = drain.admitted
             limit = self.reject_over
             if limit is not None and len(work) >= limit:
                 return await self._refuse(scope, receive, send, "server_overloaded")
-            work[call] = None
+            work[call] = _monotonic()  # the ledger keeps each item's admission time
             try:
                 if task is not None:
                     app = self.app
@@ -219,16 +225,16 @@ class GracefulMiddleware:
             return await lifespan(self.settings, scope, receive, send)
         await self.app(scope, receive, send)
 
-    def _detect_loop(self) -> asyncio.Task[Any] | None:
+    def _detect_loop(self, loop: Any) -> asyncio.Task[Any] | None:
         # asyncio tasks are cancelled directly at the deadline; other loops (trio) get a
         # cancel scope per request instead.
         try:
-            loop = asyncio.get_running_loop()
+            self.loop = asyncio.get_running_loop()
         except RuntimeError:  # not asyncio (trio): no asyncio loop runs in this thread
             self.current_task = _no_task
         else:
-            self.current_task = _task_getter(loop)
-        return self.current_task()
+            self.current_task = _task_getter()
+        return self.current_task(self.loop)
 
     def _turned_away(self, scope: Scope) -> bool:
         """Admission's slow path, for a request that arrives while not SERVING: is it refused?"""
@@ -287,11 +293,12 @@ class GracefulMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-def _task_getter(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Task[Any] | None]:
-    """asyncio.current_task for this loop as one C call per request, without a Python frame.
+def _task_getter() -> Callable[[Any], asyncio.Task[Any] | None]:
+    """asyncio.current_task(loop) as one C call per request, without a Python frame.
 
-    On Python 3.11 that is the lookup in asyncio's own table of current tasks, bound to this
-    loop. Should the middleware later run on another loop, the lookup finds no task there and
+    Called with the loop the middleware first ran on. On Python 3.11 that is the lookup in
+    asyncio's own table of current tasks; from 3.12 it is asyncio's C ``current_task``.
+    Should the middleware later run on another loop, the lookup finds no task there and
     requests fall back to a cancel scope, which is slower but just as correct.
     """
     try:
@@ -304,10 +311,10 @@ def _task_getter(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Task[A
         from _asyncio import _current_tasks  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - CPython always builds _asyncio
         return asyncio.current_task
-    return functools.partial(_current_tasks.get, loop)
+    return _current_tasks.get  # type: ignore[no-any-return]
 
 
-def _no_task() -> None:
+def _no_task(loop: Any) -> None:
     return None
 
 

@@ -1,13 +1,12 @@
 """Work in flight: the one base shared by HTTP calls, WebSocket sessions and tracked jobs.
 
-Each item is admitted into its drain's ledger (``Drain.admit_item``), finishes exactly
-once (``Drain.release_item`` with an outcome), describes itself for the drain's
-leftover list and can be ended at the drain deadline.
+Each item is admitted into its drain's ledger (``Drain.admit_item``, which records the
+time), finishes exactly once (``Drain.release_item`` with an outcome), names itself
+for the drain's leftover list and can be ended at the drain deadline.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -51,12 +50,11 @@ class Ledger(Protocol):
 class Tracked:
     """One unit of work in flight, counted from admission until ``finish``."""
 
-    __slots__ = ("ledger", "open", "t0")
+    __slots__ = ("ledger", "open")
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.open = True
-        self.t0 = time.monotonic()
 
     def finish(self, outcome: int) -> None:
         """Release this item with ``outcome``; later calls do nothing."""
@@ -64,11 +62,8 @@ class Tracked:
             self.open = False
             self.ledger.release_item(self, outcome)
 
-    def describe(self) -> str:
-        """One line for the list of work the deadline cut: what it is and for how long it ran."""
-        return f"{self.label()} ({time.monotonic() - self.t0:.1f}s)"
-
     def label(self) -> str:
+        """What it is, for the list of work the deadline cut (the drain adds how long it ran)."""
         raise NotImplementedError
 
     async def expire(self) -> None:

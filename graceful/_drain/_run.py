@@ -39,6 +39,8 @@ class Machine(Protocol):
 
     def items(self) -> Iterable[Tracked]: ...
 
+    def leftover(self) -> tuple[str, ...]: ...
+
     def notify(self) -> None: ...
 
 
@@ -194,7 +196,7 @@ class DrainRun:
                 if now >= deadline:
                     outcome = "timeout"
                     left = machine.in_flight
-                    leftover = tuple(item.describe() for item in machine.items())
+                    leftover = machine.leftover()
                     truncated = await self._expire_all()
                     break
                 # Re-armed each turn: new arrivals move a quiet end later without waking us.

@@ -48,17 +48,19 @@ class Drain:
         self.admit_during_propagation = config.admit_during_propagation
         self.state = State.STARTING
         self.since = time.time()  # wall-clock time at which the current state was entered
-        # The ledger: everything admitted and not yet finished, in order of admission. ``admitted``
-        # is the same dict, for the middleware, which inserts into it itself (admit_item, inlined).
-        self._work: dict[Tracked, None] = {}
+        # The ledger: everything admitted and not yet finished, in order of admission, with the
+        # time.monotonic() of its admission. ``admitted`` is the same dict, for the middleware's
+        # Call, which inserts into it and deletes from it itself (admit_item and release_item,
+        # inlined on the hot path); ``outcomes`` and ``run`` are read there too.
+        self._work: dict[Tracked, float] = {}
         self.admitted = self._work
         # Connections (peer addresses) that were open when the drain began: see middleware.
         self.pinned: set[object] = set()
         self.tally = tally = Tally()
-        self._outcomes = tally.outcomes  # bumped on the hot path
+        self.outcomes = tally.outcomes  # bumped on the hot path (Call._send_last)
         self.drain_durations = tally.drain_durations
         self.propagation_durations = tally.propagation_durations
-        self._run: DrainRun | None = None  # the current (or last) drain run
+        self.run: DrainRun | None = None  # the current (or last) drain run
         self._listeners: list[Callable[[], None]] = []
         # Set by a drain run once its propagation phase is over with handoff_streams on:
         # resumable streams are then ended for their clients to continue elsewhere.
@@ -83,7 +85,7 @@ class Drain:
 
     @property
     def last_result(self) -> DrainResult | None:
-        return None if self._run is None else self._run.result
+        return None if self.run is None else self.run.result
 
     def admits(self, peer: object = None) -> bool:
         """Whether a new request may start now (the slow path; SERVING is checked inline).
@@ -94,7 +96,7 @@ class Drain:
         """
         if self.state is SERVING:
             return True
-        run = self._run
+        run = self.run
         if self.state is not DRAINING or run is None:
             return False
         now = time.monotonic()
@@ -108,14 +110,14 @@ class Drain:
         return False
 
     def status(self) -> DrainStatus:
-        run = self._run
+        run = self.run
         shown = run is not None and (self.state is DRAINING or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
         return DrainStatus(self.state, len(self._work), os.getpid(), self.since, counters=self.counters(), **times)
 
     def handed_off(self) -> int:
         """Streams the current (or last) drain has handed off so far."""
-        return 0 if self._run is None else self._run.handed_off()
+        return 0 if self.run is None else self.run.handed_off()
 
     def counters(self) -> dict[str, dict[str, int]]:
         return self.tally.as_dict()
@@ -153,7 +155,7 @@ class Drain:
         wait, quiet, limit = self.config.overridden(propagation_wait, propagation_quiet, timeout)
         if self.state is DRAINING or self.state is STOPPED:
             return False
-        self._run = DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit)
+        self.run = DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit)
         self._transition(DRAINING, reason)
         if wait > limit:
             logger.warning(
@@ -173,8 +175,8 @@ class Drain:
             return False
         self.pinned.clear()
         self.handing_off = False
-        if self._run is not None:
-            self._run.end("resumed")
+        if self.run is not None:
+            self.run.end("resumed")
         self._transition(SERVING, "resume")
         return True
 
@@ -182,8 +184,8 @@ class Drain:
         """Enter STOPPED (lifespan shutdown): the end of this lifecycle."""
         if self.state is not STOPPED:
             self._stopped_draining = self.state is DRAINING
-            if self._run is not None:
-                self._run.end("stopped")
+            if self.run is not None:
+                self.run.end("stopped")
             self._transition(STOPPED, reason)
 
     def restart(self, reason: str = "lifespan startup") -> bool:
@@ -235,19 +237,24 @@ class Drain:
         work = self._work
         if len(work) >= limit:
             return False
-        work[item] = None
+        work[item] = time.monotonic()
         return True
 
     def release_item(self, item: Tracked, outcome: int) -> None:
         """``item`` has finished with ``outcome`` (an index into OUTCOMES); called once per item."""
         del self._work[item]
-        self._outcomes[outcome] += 1
-        if self._run is not None and not self._work:
-            self._run.wake()
+        self.outcomes[outcome] += 1
+        if self.run is not None and not self._work:
+            self.run.wake()
 
     def items(self) -> tuple[Tracked, ...]:
         """The work in flight, in order of admission."""
         return tuple(self._work)
+
+    def leftover(self) -> tuple[str, ...]:
+        """A line for each item in flight: what it is and for how long it has run."""
+        now = time.monotonic()
+        return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self._work.items())
 
     def count_rejected(self, reason: str) -> None:
         self.tally.add(self.tally.rejected, reason)
@@ -281,7 +288,7 @@ class Drain:
         self.begin_drain(
             reason, propagation_wait=propagation_wait, timeout=timeout, propagation_quiet=propagation_quiet
         )
-        run = self._run
+        run = self.run
         if run is None:  # stopped before any drain began
             return DrainResult("stopped", len(self._work), 0.0, "", 0.0, 0.0)
         if self.state is not DRAINING:
@@ -290,5 +297,5 @@ class Drain:
         if result is not None:
             if not (result.drained and self._work and time.monotonic() < run.deadline):
                 return result
-            self._run = run = run.follow()
+            self.run = run = run.follow()
         return await run.join()
