@@ -68,7 +68,11 @@ def last_event(body: bytes) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("frames", [(CONTENT, ABORT, USAGE), (CONTENT, ABORT)], ids=["with-usage", "without-usage"])
+@pytest.mark.parametrize(
+    "frames",
+    [(CONTENT, ABORT, USAGE), (CONTENT, ABORT), (ABORT,)],
+    ids=["with-usage", "without-usage", "abort-the-only-frame"],
+)
 async def test_an_aborted_stream_ends_with_the_final_frame_not_done(frames: tuple[bytes, ...]) -> None:
     """1. content, the abort chunk (and the usage chunk) pass as sent  2. [DONE] is replaced by the
     retryable server_shutdown event  3. the response ends once, the count is back to 0, and the
@@ -96,8 +100,9 @@ async def test_a_resumable_aborted_stream_ends_resumable() -> None:
         ((CONTENT, WORD, STOP, DONE), b"text/event-stream"),  # "abort" as a word of the answer
         ((CONTENT, ABORT, DONE), b"application/x-ndjson"),  # not an event stream
         ((CONTENT, STOP, DONE), b"text/event-stream"),
+        ((DONE,), b"text/event-stream"),  # [DONE] the first frame: no frame before it to read
     ],
-    ids=["abort-as-a-word", "not-sse", "whole"],
+    ids=["abort-as-a-word", "not-sse", "whole", "done-first"],
 )
 async def test_other_streams_pass_unchanged(frames: tuple[bytes, ...], media: bytes) -> None:
     recorder, mw = await run(sse_app(*frames, media=media))
