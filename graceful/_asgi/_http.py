@@ -130,12 +130,12 @@ class Call(Tracked):
     cancelled, exactly once whichever comes first.
 
     The middleware makes it with ``Call()`` and fills its fields at admission, in its own
-    frame: ``ledger`` (the drain), ``open``, ``config``,
-    ``scope``, ``server_receive``, ``server_send``, ``task`` (the asyncio task the
-    deadline cancels, or None) and ``last`` (None). The rest are set when they happen:
-    ``start`` (the response start message, as sent), ``before`` (the frame before
-    ``last``) and ``cancel_scope`` (loops other than asyncio); until then they are unset,
-    and only the slow paths below read them, through ``getattr``.
+    frame: ``ledger`` (the drain), ``open``, ``config``, ``scope``, ``server_receive``,
+    ``server_send``, ``task`` (the asyncio task the deadline cancels, or None) and ``last``
+    (None). The rest are set when they happen: ``start`` (the response start message, as
+    sent), ``before`` (the frame before ``last``) and ``cancel_scope`` (loops other than
+    asyncio); until then they are unset, and only the slow paths below read them, through
+    ``getattr``. The drain's ledger keeps the time of admission.
     """
 
     __slots__ = ("config", "scope", "server_receive", "server_send", "task", "last", "before", "start", "cancel_scope")
@@ -146,7 +146,7 @@ class Call(Tracked):
     server_send: Send
     task: asyncio.Task[Any] | None
     last: bytes | None
-    before: bytes | None  # unset until the second streamed frame
+    before: bytes | None  # unset until the first streamed frame
     start: Message  # unset until the response starts
     cancel_scope: anyio.CancelScope  # unset on asyncio
     # Calling the class runs no Python __init__: the middleware sets the fields itself.
