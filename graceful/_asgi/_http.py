@@ -133,9 +133,10 @@ class Call(Tracked):
     frame: ``ledger`` (the drain), ``open``, ``config``, ``scope``, ``server_receive``,
     ``server_send``, ``task`` (the asyncio task the deadline cancels, or None) and ``last``
     (None). The rest are set when they happen: ``start`` (the response start message, as
-    sent), ``before`` (the frame before ``last``) and ``cancel_scope`` (loops other than
-    asyncio); until then they are unset, and only the slow paths below read them, through
-    ``getattr``. The drain's ledger keeps the time of admission.
+    sent: the deadline and an engine abort read its content type from it), ``before`` (the
+    frame before ``last``) and ``cancel_scope`` (loops other than asyncio); until then they
+    are unset, and only the slow paths below read them, through ``getattr``. The drain's
+    ledger keeps the time of admission.
     """
 
     __slots__ = ("config", "scope", "server_receive", "server_send", "task", "last", "before", "start", "cancel_scope")
@@ -249,14 +250,14 @@ class Call(Tracked):
     async def _send_last(self, message: Message) -> None:
         """The body message that ends the response: the count ends once the server has it."""
         await self.server_send(message)
-        if self.open:  # Tracked.finish and Drain.release_item, inlined: this runs once per request
+        if self.open:  # Tracked.finish and Drain.release_item's steps, inlined: this runs once per request
             self.open = False
             ledger = self.ledger
             work = ledger.admitted
             del work[self]
             ledger.outcomes[COMPLETED] += 1
-            if not work and ledger.run is not None:
-                ledger.run.wake()
+            if not work and ledger.drain_run is not None:
+                ledger.drain_run.wake()
 
     def started(self) -> bool:
         """Whether the response has started (its start message went to the server)."""

@@ -229,11 +229,12 @@ class GracefulMiddleware:
         # asyncio tasks are cancelled directly at the deadline; other loops (trio) get a
         # cancel scope per request instead.
         try:
-            self.loop = asyncio.get_running_loop()
+            running = asyncio.get_running_loop()
         except RuntimeError:  # not asyncio (trio): no asyncio loop runs in this thread
             self.current_task = _no_task
         else:
-            self.current_task = _task_getter()
+            self.current_task, bound = _task_getter()
+            self.loop = running if bound else None
         return self.current_task(self.loop)
 
     def _turned_away(self, scope: Scope) -> bool:
@@ -293,25 +294,28 @@ class GracefulMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-def _task_getter() -> Callable[[Any], asyncio.Task[Any] | None]:
-    """asyncio.current_task(loop) as one C call per request, without a Python frame.
+def _task_getter() -> tuple[Callable[[Any], asyncio.Task[Any] | None], bool]:
+    """asyncio's current task as one C call per request, without a Python frame.
 
-    Called with the loop the middleware first ran on. On Python 3.11 that is the lookup in
-    asyncio's own table of current tasks; from 3.12 it is asyncio's C ``current_task``.
-    Should the middleware later run on another loop, the lookup finds no task there and
-    requests fall back to a cancel scope, which is slower but just as correct.
+    Returns the function and whether it must be given the loop the middleware first ran
+    on (else it is given None). From Python 3.12 it is asyncio's C ``current_task``, which
+    finds the running loop itself. On 3.11 it is the lookup in asyncio's own table of
+    current tasks, keyed by that first loop: a request on a later loop in the same thread
+    finds no task there and runs in a cancel scope, which is slower but just as correct.
+    (On 3.11 one middleware instance serving two event loops at once, in two threads,
+    could be handed the other loop's running task; a server runs one loop per process.)
     """
     try:
         from _asyncio import current_task  # type: ignore[attr-defined]  # C since Python 3.12
 
-        return current_task  # type: ignore[no-any-return]
+        return current_task, False
     except ImportError:
         pass
     try:
         from _asyncio import _current_tasks  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - CPython always builds _asyncio
-        return asyncio.current_task
-    return _current_tasks.get  # type: ignore[no-any-return]
+        return asyncio.current_task, False
+    return _current_tasks.get, True
 
 
 def _no_task(loop: Any) -> None:

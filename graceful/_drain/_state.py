@@ -51,7 +51,8 @@ class Drain:
         # The ledger: everything admitted and not yet finished, in order of admission, with the
         # time.monotonic() of its admission. ``admitted`` is the same dict, for the middleware's
         # Call, which inserts into it and deletes from it itself (admit_item and release_item,
-        # inlined on the hot path); ``outcomes`` and ``run`` are read there too.
+        # inlined on the hot path); ``outcomes`` and ``drain_run`` are read there too. These three
+        # are package-internal, for graceful's own middleware: not part of the public API.
         self._work: dict[Tracked, float] = {}
         self.admitted = self._work
         # Connections (peer addresses) that were open when the drain began: see middleware.
@@ -60,7 +61,7 @@ class Drain:
         self.outcomes = tally.outcomes  # bumped on the hot path (Call._send_last)
         self.drain_durations = tally.drain_durations
         self.propagation_durations = tally.propagation_durations
-        self.run: DrainRun | None = None  # the current (or last) drain run
+        self.drain_run: DrainRun | None = None  # the current (or last) drain run
         self._listeners: list[Callable[[], None]] = []
         # Set by a drain run once its propagation phase is over with handoff_streams on:
         # resumable streams are then ended for their clients to continue elsewhere.
@@ -85,7 +86,7 @@ class Drain:
 
     @property
     def last_result(self) -> DrainResult | None:
-        return None if self.run is None else self.run.result
+        return None if self.drain_run is None else self.drain_run.result
 
     def admits(self, peer: object = None) -> bool:
         """Whether a new request may start now (the slow path; SERVING is checked inline).
@@ -96,7 +97,7 @@ class Drain:
         """
         if self.state is SERVING:
             return True
-        run = self.run
+        run = self.drain_run
         if self.state is not DRAINING or run is None:
             return False
         now = time.monotonic()
@@ -110,14 +111,14 @@ class Drain:
         return False
 
     def status(self) -> DrainStatus:
-        run = self.run
+        run = self.drain_run
         shown = run is not None and (self.state is DRAINING or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
         return DrainStatus(self.state, len(self._work), os.getpid(), self.since, counters=self.counters(), **times)
 
     def handed_off(self) -> int:
         """Streams the current (or last) drain has handed off so far."""
-        return 0 if self.run is None else self.run.handed_off()
+        return 0 if self.drain_run is None else self.drain_run.handed_off()
 
     def counters(self) -> dict[str, dict[str, int]]:
         return self.tally.as_dict()
@@ -155,7 +156,7 @@ class Drain:
         wait, quiet, limit = self.config.overridden(propagation_wait, propagation_quiet, timeout)
         if self.state is DRAINING or self.state is STOPPED:
             return False
-        self.run = DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit)
+        self.drain_run = DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit)
         self._transition(DRAINING, reason)
         if wait > limit:
             logger.warning(
@@ -175,8 +176,8 @@ class Drain:
             return False
         self.pinned.clear()
         self.handing_off = False
-        if self.run is not None:
-            self.run.end("resumed")
+        if self.drain_run is not None:
+            self.drain_run.end("resumed")
         self._transition(SERVING, "resume")
         return True
 
@@ -184,8 +185,8 @@ class Drain:
         """Enter STOPPED (lifespan shutdown): the end of this lifecycle."""
         if self.state is not STOPPED:
             self._stopped_draining = self.state is DRAINING
-            if self.run is not None:
-                self.run.end("stopped")
+            if self.drain_run is not None:
+                self.drain_run.end("stopped")
             self._transition(STOPPED, reason)
 
     def restart(self, reason: str = "lifespan startup") -> bool:
@@ -241,11 +242,15 @@ class Drain:
         return True
 
     def release_item(self, item: Tracked, outcome: int) -> None:
-        """``item`` has finished with ``outcome`` (an index into OUTCOMES); called once per item."""
+        """``item`` has finished with ``outcome`` (an index into OUTCOMES); called once per item.
+
+        ``Call._send_last`` (graceful/_asgi/_http.py) does these same three steps itself for a
+        completed HTTP request: a change here must be made there too.
+        """
         del self._work[item]
         self.outcomes[outcome] += 1
-        if self.run is not None and not self._work:
-            self.run.wake()
+        if self.drain_run is not None and not self._work:
+            self.drain_run.wake()
 
     def items(self) -> tuple[Tracked, ...]:
         """The work in flight, in order of admission."""
@@ -288,7 +293,7 @@ class Drain:
         self.begin_drain(
             reason, propagation_wait=propagation_wait, timeout=timeout, propagation_quiet=propagation_quiet
         )
-        run = self.run
+        run = self.drain_run
         if run is None:  # stopped before any drain began
             return DrainResult("stopped", len(self._work), 0.0, "", 0.0, 0.0)
         if self.state is not DRAINING:
@@ -297,5 +302,5 @@ class Drain:
         if result is not None:
             if not (result.drained and self._work and time.monotonic() < run.deadline):
                 return result
-            self.run = run = run.follow()
+            self.drain_run = run = run.follow()
         return await run.join()

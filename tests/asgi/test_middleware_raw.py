@@ -462,7 +462,8 @@ async def test_deadline_ends_sse_with_a_final_retryable_frame_and_cancels_the_ap
     assert mw.drain.in_flight == 0
 
 
-async def test_deadline_before_headers_answers_503_shutdown() -> None:
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_deadline_before_headers_answers_503_shutdown(anyio_backend: str) -> None:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await anyio.sleep_forever()
 
@@ -552,6 +553,44 @@ async def test_deadline_on_trio_uses_a_cancel_scope(anyio_backend: str) -> None:
     assert cancelled and result.truncated == 1
     assert json.loads(rec.messages[1]["body"][len(b"data: ") :])["error"]["type"] == "server_shutdown"
     assert rec.messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert mw.drain.in_flight == 0
+
+
+def test_a_later_event_loop_is_still_cut_at_the_deadline() -> None:
+    """1. a request served on one event loop  2. the same middleware on a second loop (a test
+    client made twice, a server run twice in one process)  3. a request there that never ends
+    is still cut at the deadline: a 503 before its response starts, its task cancelled."""
+    cancelled = False
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal cancelled
+        if scope["path"] == "/quick":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
+
+    mw = make(app)
+    quick = Recorder(mw.drain)
+    asyncio.run(mw(http_scope("/quick"), no_body, quick))
+    assert quick.status == 200 and mw.drain.in_flight == 0
+
+    async def second_loop() -> Recorder:
+        rec = Recorder(mw.drain)
+        with anyio.fail_after(10):  # the request not cancelled would hold the task group open
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(mw, http_scope(), no_body, rec)
+                await anyio.wait_all_tasks_blocked()
+                result = await mw.drain.drain(timeout=0.05)
+        assert result.truncated == 1
+        return rec
+
+    rec = asyncio.run(second_loop())
+    assert cancelled and rec.status == 503 and json.loads(rec.body)["error"]["type"] == "server_shutdown"
     assert mw.drain.in_flight == 0
 
 

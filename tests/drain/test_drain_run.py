@@ -505,7 +505,7 @@ async def test_the_leader_sleeps_through_the_wait_for_work_in_flight() -> None:
         tg.start_soon(hold, drain, release)
         await anyio.wait_all_tasks_blocked()
         drain.begin_drain("preStop", propagation_wait=0.05, timeout=10)
-        run = drain.run
+        run = drain.drain_run
         assert run is not None
         checks = 0
         propagation_end = run.propagation_end
