@@ -232,6 +232,27 @@ def test_multiprocess_metrics_aggregate_across_workers(socket_dir: str, launch: 
     assert samples[("graceful_in_flight", ())] == 0.0
 
 
+@pytest.mark.parametrize("name", ["uvicorn-httptools", "hypercorn-asyncio", "granian"])
+def test_a_file_response_counts_as_completed(name: str, launch: Callable[..., Launched]) -> None:
+    """Starlette's FileResponse, which sends the file by path (http.response.pathsend) where the
+    server offers it (granian does): 1. three GETs of a file arrive whole 2. /metrics counts
+    three requests completed and none as an error."""
+    from tests.apps import compat
+
+    server = launch(server=name, app="tests.apps.compat:app")
+    server.wait_ready()
+    with open(compat.__file__, "rb") as source:
+        content = source.read()
+    with httpx.Client(base_url=server.base, timeout=5) as client:
+        for _ in range(3):
+            response = client.get("/file")
+            assert response.status_code == 200 and response.content == content, server.log
+        samples = metric_samples(client.get("/metrics").text)
+    assert samples.get(("graceful_requests_total", (("outcome", "completed"),))) == 3.0, server.log
+    assert samples.get(("graceful_requests_total", (("outcome", "error"),)), 0.0) == 0.0, server.log
+    assert samples[("graceful_in_flight", ())] == 0.0
+
+
 @pytest.mark.parametrize("name", ["hypercorn-asyncio", "hypercorn-trio", "granian", "gunicorn"])
 def test_refusal_of_a_large_post_arrives_on_every_server(name: str, launch: Callable[..., Launched]) -> None:
     """The refusal-body rule under the other servers (uvicorn: tests/asgi/test_refusal_body.py): after a

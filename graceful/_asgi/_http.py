@@ -119,6 +119,12 @@ async def _drop_body(scope: Scope, receive: Receive) -> bool:
     return False
 
 
+# Messages of ASGI extensions that end a response as the last http.response.body does: a file sent
+# by path (pathsend, which Starlette's FileResponse uses where the server offers it) and the last
+# part of a zero-copy send. (A trailers message comes after the last body, which ends the count.)
+_LAST_OF_EXTENSIONS = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
+
+
 async def _drop(message: Message) -> None:
     """Stands in for the server's send once the deadline has ended a response."""
 
@@ -216,6 +222,8 @@ class Call(Tracked):
                     message["headers"] = headers
                     return self._start_then_hand_off(message)
             message["headers"] = headers
+        elif kind in _LAST_OF_EXTENSIONS:
+            return self._send_last(message)
         return self.server_send(message)
 
     async def _done(self, message: Message) -> None:

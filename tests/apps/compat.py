@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -57,6 +57,11 @@ async def short(request: Request) -> JSONResponse:
     return JSONResponse({"pid": os.getpid()})
 
 
+async def file(request: Request) -> FileResponse:
+    # Starlette sends a file by path (http.response.pathsend) where the server offers that extension.
+    return FileResponse(__file__, media_type="text/x-python")
+
+
 async def echo(websocket: WebSocket) -> None:
     await websocket.accept()
     try:
@@ -69,6 +74,7 @@ async def echo(websocket: WebSocket) -> None:
 routes = [
     Route("/stream", stream, methods=["POST"]),
     Route("/short", short, methods=["POST", "GET"]),
+    Route("/file", file),
     WebSocketRoute("/ws", echo),
 ]
 app = GracefulMiddleware(Starlette(routes=routes), DRAIN, metrics_path="/metrics")

@@ -113,6 +113,34 @@ async def test_count_drops_right_after_the_final_frame_not_when_the_app_returns(
     assert seen == [0]
 
 
+@pytest.mark.parametrize(
+    "last",
+    [
+        {"type": "http.response.pathsend", "path": "/srv/model-card.md"},
+        {"type": "http.response.zerocopysend", "file": 3, "more_body": False},
+    ],
+    ids=["pathsend", "zerocopysend"],
+)
+async def test_a_response_ended_by_an_extension_message_is_completed(last: Message) -> None:
+    """1. the response starts  2. it ends with an extension's last message (Starlette's FileResponse
+    sends http.response.pathsend where the server offers it)  3. the count drops once the server
+    has it, and the request counts as completed, not as an error when the app returns."""
+    seen: list[int] = []
+    mw: GracefulMiddleware
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/markdown")]})
+        await send(last)
+        seen.append(mw.drain.in_flight)
+
+    mw = make(app)
+    rec = Recorder(mw.drain)
+    await mw(http_scope(), no_body, rec)
+    assert rec.messages[-1] is last and rec.in_flight_at_send == [1, 1]
+    assert seen == [0]
+    assert mw.drain.counters()["requests"]["completed"] == 1 and mw.drain.counters()["requests"]["error"] == 0
+
+
 async def test_client_disconnect_is_its_own_outcome_and_counted_once() -> None:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
