@@ -186,7 +186,7 @@ class GracefulMiddleware:
             # per request); Call's docstring lists its fields.
             call = Call()
             # self.current_task is an attribute, not a method: loaded as one and then called, it
-            # skips the slower method-call path. It is the loop's table of current tasks' get.
+            # skips the slower method-call path. It is asyncio's C lookup (see _task_getter).
             current_task = self.current_task
             call.task = task = current_task(self.loop)
             call.ledger = drain
