@@ -49,12 +49,11 @@ class Drain:
         self.state = State.STARTING
         self.since = time.time()  # wall-clock time at which the current state was entered
         # The ledger: everything admitted and not yet finished, in order of admission, with the
-        # time.monotonic() of its admission. ``admitted`` is the same dict, for the middleware's
-        # Call, which inserts into it and deletes from it itself (admit_item and release_item,
-        # inlined on the hot path); ``outcomes`` and ``drain_run`` are read there too. These three
-        # are package-internal, for graceful's own middleware: not part of the public API.
-        self._work: dict[Tracked, float] = {}
-        self.admitted = self._work
+        # time.monotonic() of its admission. The middleware and its Call insert into it and delete
+        # from it themselves (admit_item and release_item, inlined on the hot path) and read
+        # ``outcomes`` and ``drain_run`` there too. These three are package-internal, for
+        # graceful's own middleware: not part of the public API.
+        self.admitted: dict[Tracked, float] = {}
         # Connections (peer addresses) that were open when the drain began: see middleware.
         self.pinned: set[object] = set()
         self.tally = tally = Tally()
@@ -77,7 +76,7 @@ class Drain:
 
     @property
     def in_flight(self) -> int:
-        return len(self._work)
+        return len(self.admitted)
 
     @property
     def accepting(self) -> bool:
@@ -114,7 +113,7 @@ class Drain:
         run = self.drain_run
         shown = run is not None and (self.state is DRAINING or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
-        return DrainStatus(self.state, len(self._work), os.getpid(), self.since, counters=self.counters(), **times)
+        return DrainStatus(self.state, len(self.admitted), os.getpid(), self.since, counters=self.counters(), **times)
 
     def handed_off(self) -> int:
         """Streams the current (or last) drain has handed off so far."""
@@ -227,7 +226,7 @@ class Drain:
         when = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
         logger.info(
             "state %s -> %s at %s (reason=%s, in_flight=%d, elapsed=%.3fs)",
-            *(old.value, new.value, when, reason, len(self._work), elapsed),
+            *(old.value, new.value, when, reason, len(self.admitted), elapsed),
         )
         self.notify()
 
@@ -235,7 +234,7 @@ class Drain:
 
     def admit_item(self, item: Tracked, limit: int = NO_LIMIT) -> bool:
         """Count ``item`` as in flight, unless ``limit`` items already are."""
-        work = self._work
+        work = self.admitted
         if len(work) >= limit:
             return False
         work[item] = time.monotonic()
@@ -247,19 +246,19 @@ class Drain:
         ``Call._send_last`` (graceful/_asgi/_http.py) does these same three steps itself for a
         completed HTTP request: a change here must be made there too.
         """
-        del self._work[item]
+        del self.admitted[item]
         self.outcomes[outcome] += 1
-        if self.drain_run is not None and not self._work:
+        if self.drain_run is not None and not self.admitted:
             self.drain_run.wake()
 
     def items(self) -> tuple[Tracked, ...]:
         """The work in flight, in order of admission."""
-        return tuple(self._work)
+        return tuple(self.admitted)
 
     def leftover(self) -> tuple[str, ...]:
         """A line for each item in flight: what it is and for how long it has run."""
         now = time.monotonic()
-        return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self._work.items())
+        return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self.admitted.items())
 
     def count_rejected(self, reason: str) -> None:
         self.tally.add(self.tally.rejected, reason)
@@ -295,12 +294,12 @@ class Drain:
         )
         run = self.drain_run
         if run is None:  # stopped before any drain began
-            return DrainResult("stopped", len(self._work), 0.0, "", 0.0, 0.0)
+            return DrainResult("stopped", len(self.admitted), 0.0, "", 0.0, 0.0)
         if self.state is not DRAINING:
-            return run.result or run.snapshot("stopped" if self.state is STOPPED else "resumed", len(self._work))
+            return run.result or run.snapshot("stopped" if self.state is STOPPED else "resumed", len(self.admitted))
         result = run.result
         if result is not None:
-            if not (result.drained and self._work and time.monotonic() < run.deadline):
+            if not (result.drained and self.admitted and time.monotonic() < run.deadline):
                 return result
             self.drain_run = run = run.follow()
         return await run.join()

@@ -72,6 +72,19 @@ def make(app: Callable[[Scope, Receive, Send], Awaitable[None]], **options: Any)
     return mw
 
 
+class Hang:
+    """Awaited by an app: waits until cancelled, and records that it was."""
+
+    cancelled = False
+
+    async def __call__(self) -> None:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            self.cancelled = True
+            raise
+
+
 async def no_body() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}
 
@@ -561,16 +574,11 @@ def test_unknown_option_is_refused_clearly() -> None:
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_deadline_on_trio_uses_a_cancel_scope(anyio_backend: str) -> None:
-    cancelled = False
+    hang = Hang()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        nonlocal cancelled
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-        try:
-            await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class():
-            cancelled = True
-            raise
+        await hang()
 
     mw = make(app)
     rec = Recorder(mw.drain)
@@ -578,7 +586,7 @@ async def test_deadline_on_trio_uses_a_cancel_scope(anyio_backend: str) -> None:
         tg.start_soon(mw, http_scope(), no_body, rec)
         await anyio.wait_all_tasks_blocked()
         result = await mw.drain.drain(timeout=0.05)
-    assert cancelled and result.truncated == 1
+    assert hang.cancelled and result.truncated == 1
     assert json.loads(rec.messages[1]["body"][len(b"data: ") :])["error"]["type"] == "server_shutdown"
     assert rec.messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     assert mw.drain.in_flight == 0
@@ -588,19 +596,14 @@ def test_a_later_event_loop_is_still_cut_at_the_deadline() -> None:
     """1. a request served on one event loop  2. the same middleware on a second loop (a test
     client made twice, a server run twice in one process)  3. a request there that never ends
     is still cut at the deadline: a 503 before its response starts, its task cancelled."""
-    cancelled = False
+    hang = Hang()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        nonlocal cancelled
         if scope["path"] == "/quick":
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
             return
-        try:
-            await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class():
-            cancelled = True
-            raise
+        await hang()
 
     mw = make(app)
     quick = Recorder(mw.drain)
@@ -618,7 +621,7 @@ def test_a_later_event_loop_is_still_cut_at_the_deadline() -> None:
         return rec
 
     rec = asyncio.run(second_loop())
-    assert cancelled and rec.status == 503 and json.loads(rec.body)["error"]["type"] == "server_shutdown"
+    assert hang.cancelled and rec.status == 503 and json.loads(rec.body)["error"]["type"] == "server_shutdown"
     assert mw.drain.in_flight == 0
 
 
