@@ -144,7 +144,7 @@ class AdminServer:
             raise
         self.path = path
         self._identity = await anyio.to_thread.run_sync(lambda: os.stat(path).st_ino)
-        logger.info("admin listener on %s", path)
+        logger.debug("admin listener on %s", path)
         try:
             async with listener, anyio.create_task_group() as tg:
                 task_status.started()
@@ -166,7 +166,7 @@ class AdminServer:
         path = socket_path(self.socket_dir, os.getpid())
         prepare_socket_dir(self.socket_dir, group=self.socket_mode == 0o660)
         for stale in remove_stale(self.socket_dir):
-            logger.info("removed stale admin socket %s", stale)
+            logger.debug("removed stale admin socket %s", stale)
         if os.path.exists(path) and is_listening(path):
             raise ConfigError(f"admin socket {path!r} is in use by another process; use another --socket-dir")
         return path

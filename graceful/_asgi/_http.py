@@ -241,7 +241,7 @@ class Call(Tracked):
             await self.server_send(message)
             return
         self.ledger.count_truncated("engine_abort")
-        logger.info("%s: the engine aborted the stream; it ends with the retryable final frame", self.label())
+        logger.warning("%s: the engine aborted the stream; it ends with the retryable final frame", self.label())
         send, self.server_send = self.server_send, _drop
         frame = self._final_frame()(self.content_type())
         if frame is not None:

@@ -54,7 +54,7 @@ class Lifecycle:
         self.warned = True
         lacks = self._lacks()
         if not lacks:
-            logger.info("no lifespan runs for this app: serving without one")
+            logger.debug("no lifespan runs for this app: serving without one")
             return
         logger.warning(
             "no lifespan runs for this app: serving without %s, which start in the lifespan; run the server "

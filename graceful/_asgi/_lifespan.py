@@ -3,8 +3,14 @@
 The admin listener and the SIGTERM takeover live in the lifespan task, which every
 ASGI server keeps for the life of the process, so they work under any server that
 runs lifespan. A lifespan startup after a shutdown begins a new lifecycle of the same
-``Drain`` (``Drain.restart``). Everything the app sends or raises reaches the server as
-the unwrapped app sent or raised it.
+``Drain`` (``Drain.restart``).
+
+The app decides when its lifespan ends. graceful only watches the messages as they
+pass: it never answers for the app, and the call returns (or raises) the moment the
+app's does, with what the app returned or raised. An app that returns without reading
+startup (lifespan unsupported), or whose lifespan ends before the server's shutdown,
+leaves graceful as if no lifespan ran: requests are served (``_lifecycle``) and the
+log says once what the process then lacks.
 """
 
 from __future__ import annotations
@@ -31,55 +37,57 @@ _STOP_REASONS = {
 
 
 async def lifespan(config: Config, scope: Scope, receive: Receive, send: Send) -> None:
-    """Speak lifespan for the app, moving the machine; the app's own errors reach the server unchanged."""
+    """Watch the app's lifespan, moving the machine; what the app sends, returns or raises reaches the server."""
     drain = config.drain
     lifecycle = config.lifecycle
-    startup_seen = False
     services = _Services(config)
+    stopped = False  # the app said its lifespan ended (shutdown complete, or a failure)
     error: Exception | None = None
     lifecycle.running += 1
     try:
         async with anyio.create_task_group() as tg:
 
             async def wrapped_receive() -> Message:
-                nonlocal startup_seen
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    startup_seen = True
                     drain.restart()  # STOPPED -> STARTING: the same app started again
                 return message
 
             async def wrapped_send(message: Message) -> None:
+                nonlocal stopped
                 kind = message["type"]
                 # Several lifespans at once (one app object run by two servers together): the first
                 # one started the admin listener and the SIGTERM takeover, the last one stops.
                 alone = lifecycle.running == 1
                 if kind == "lifespan.startup.complete":
-                    if alone:
+                    if alone and not services.started:  # an app may send it twice: the server judges that
                         try:
                             await tg.start(services.run)
                         except Exception as exc:
                             # Fail the server's startup loudly (it exits) rather than serve without
                             # the admin socket that the preStop hook needs.
                             drain.mark_stopped("startup failed")
+                            stopped = True
                             await send({"type": "lifespan.startup.failed", "message": f"graceful: {exc}"})
                             return
                     if config.ready_on_startup:
                         drain.mark_serving()
-                elif kind in _STOP_REASONS and alone:
-                    drain.mark_stopped(_STOP_REASONS[kind])
-                    # Close the admin socket before the server hears we are done: servers stop
-                    # their loop right after this message and would cancel us mid-cleanup.
-                    await services.stop()
+                elif kind in _STOP_REASONS:
+                    stopped = True
+                    if alone:
+                        drain.mark_stopped(_STOP_REASONS[kind])
+                        # Close the admin socket before the server hears we are done: servers stop
+                        # their loop right after this message and would cancel us mid-cleanup.
+                        await services.stop()
                 await send(message)
 
             try:
                 await config.app(scope, wrapped_receive, wrapped_send)
-                if not startup_seen:
-                    # The app returned without reading startup (it ignores lifespan): run the
-                    # protocol ourselves, so the admin listener and the SIGTERM takeover still start.
-                    logger.info("the wrapped app does not support lifespan; graceful handles it")
-                    await _own_lifespan(wrapped_receive, wrapped_send)
+                if services.started and not stopped:
+                    logger.warning(
+                        "the app's lifespan returned before the server's shutdown: graceful's admin socket and "
+                        "SIGTERM drain end with it; keep the lifespan running until lifespan.shutdown"
+                    )
             except Exception as exc:
                 # Raised again below, outside the task group, which would wrap it in an
                 # ExceptionGroup: the server must see the app's own exception, as unwrapped.
@@ -102,11 +110,11 @@ class _Services:
         self.config = config
         self.scope = anyio.CancelScope()
         self.stopped = anyio.Event()
-        self.running = False
+        self.started = False
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        self.running = True
+        self.started = True
         try:
             with self.scope:
                 async with anyio.create_task_group() as tg:
@@ -127,19 +135,9 @@ class _Services:
             self.stopped.set()
 
     async def stop(self) -> None:
-        if self.running:
+        if self.started:
             self.scope.cancel()
             await self.stopped.wait()
-
-
-async def _own_lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 async def _mirror_loop(mirror: MultiprocessMirror) -> None:

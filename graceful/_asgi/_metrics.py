@@ -7,11 +7,13 @@ label lookup for metrics.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, CollectorRegistry
+import prometheus_client
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -54,6 +56,8 @@ HISTOGRAMS = {
 # failing with "Duplicated timeseries" (tests, reloads).
 _installed: weakref.WeakKeyDictionary[CollectorRegistry, GracefulCollector] = weakref.WeakKeyDictionary()
 
+logger = logging.getLogger("graceful")
+
 
 class GracefulCollector(Collector):
     def __init__(self, drain: Drain) -> None:
@@ -90,15 +94,33 @@ def _histogram(name: str, doc: str, bounds: tuple[float, ...], samples: list[flo
 
 
 def register(drain: Drain, registry: CollectorRegistry | None = None) -> CollectorRegistry:
-    """Expose ``drain`` on ``registry`` (the default registry if None)."""
-    registry = REGISTRY if registry is None else registry
-    old = _installed.get(registry)
+    """Expose ``drain`` on ``registry`` (the default registry if None); never raises.
+
+    The registry belongs to the process, not to graceful: others may have emptied it,
+    unregistered graceful's collector or registered ``graceful_*`` names of their own
+    since a middleware was last built. So nothing remembered about it is trusted: the
+    collector this module last put there is taken out if it is still there, and the new
+    one goes in. A name clash with another party's collector leaves the app running
+    without graceful's metrics on that registry, and says so.
+    """
+    # Looked up now: a test or plugin may have put another default registry in its place.
+    registry = prometheus_client.REGISTRY if registry is None else registry
+    old = _installed.pop(registry, None)
     if old is not None:
-        if old.drain is drain:
-            return registry
-        registry.unregister(old)
+        try:
+            registry.unregister(old)
+        except KeyError:  # someone else took it out already
+            pass
     collector = GracefulCollector(drain)
-    registry.register(collector)
+    try:
+        registry.register(collector)
+    except ValueError as exc:  # prometheus-client's DuplicateTimeseries
+        logger.warning(
+            "graceful_* metrics are not exposed: %s; unregister the other collector of these names, or pass "
+            "GracefulMiddleware(registry=...) a registry of its own",
+            exc,
+        )
+        return registry
     _installed[registry] = collector
     return registry
 

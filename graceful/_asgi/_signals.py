@@ -114,11 +114,12 @@ class SignalDrain:
                 type(getattr(previous, "__self__", None)).__module__,
             )
             return
-        signal.signal(sig, self._on_os_signal)
+        handler = _SeeThrough(self._on_os_signal, previous).handle
+        signal.signal(sig, handler)
         self._held_numbers.add(sig)
 
         def restore_handler() -> None:
-            if signal.getsignal(sig) == self._on_os_signal:
+            if signal.getsignal(sig) == handler:
                 signal.signal(sig, previous)
 
         self._restore.append(restore_handler)
@@ -265,6 +266,42 @@ class SignalDrain:
                 if item.open:
                     drain.count_truncated("forced_exit")
                     tg.start_soon(item.cut)
+
+
+class _SeeThrough:
+    """The owner of the handler graceful installs in front of the server's, transparent to readers.
+
+    Code in the ecosystem finds the running server through the installed handler:
+    sse-starlette ends its open event streams once ``signal.getsignal(SIGTERM).__self__``
+    has a true ``should_exit`` (uvicorn's ``Server``), polling every half second. Any
+    attribute this object lacks is read from, and written to, the previous handler's owner,
+    so such code sees the server's own state while graceful holds the signal; where the
+    previous handler has no owner (a function, the default), the attribute is missing, as
+    it would be without graceful. Dunder names are never forwarded.
+    """
+
+    __slots__ = ("on_signal", "previous")
+
+    def __init__(self, on_signal: Callable[[int, FrameType | None], None], previous: object) -> None:
+        object.__setattr__(self, "on_signal", on_signal)
+        object.__setattr__(self, "previous", previous)
+
+    def handle(self, sig: int, frame: FrameType | None) -> None:
+        self.on_signal(sig, frame)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in _SeeThrough.__slots__:  # not forwarded (nor unset slots)
+            raise AttributeError(name)
+        owner = getattr(self.previous, "__self__", None)
+        if owner is None:
+            raise AttributeError(name)
+        return getattr(owner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        owner = getattr(self.previous, "__self__", None)
+        if owner is None or name.startswith("__") or name in _SeeThrough.__slots__:
+            raise AttributeError(f"cannot set {name!r} on graceful's SIGTERM handler")
+        setattr(owner, name, value)
 
 
 def _stopped_by_parent() -> tuple[str, str] | None:

@@ -224,7 +224,10 @@ class Drain:
         elapsed = now - self.since
         self.since = now
         when = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
-        logger.info(
+        # Quiet outside a drain (docs/middleware.md, "Logging"): only entering or leaving DRAINING
+        # is news to the app's operators; starting up and a plain shutdown are DEBUG.
+        logger.log(
+            logging.INFO if DRAINING in (old, new) else logging.DEBUG,
             "state %s -> %s at %s (reason=%s, in_flight=%d, elapsed=%.3fs)",
             *(old.value, new.value, when, reason, len(self.admitted), elapsed),
         )

@@ -69,7 +69,7 @@ def test_without_a_lifespan_a_request_is_served_and_the_log_says_once_what_is_mi
     """1. TestClient without `with`: no lifespan runs  2. two requests  3. both are served  4. one warning."""
     mw = wrap(app_with_lifespan([]))
     client = TestClient(mw)
-    with caplog.at_level(logging.INFO, logger="graceful"):
+    with caplog.at_level(logging.DEBUG, logger="graceful"):
         first = client.get("/hello")
         second = client.get("/hello")
     assert (first.status_code, first.text) == (200, "hello")

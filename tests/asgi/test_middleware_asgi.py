@@ -159,17 +159,3 @@ def test_shared_drain_between_middlewares(registry: CollectorRegistry) -> None:
     drain = Drain(grace_period=10, reserve=2)
     mw = GracefulMiddleware(starlette_app(), drain, registry=registry, admin=False)
     assert mw.drain is drain
-
-
-async def test_app_that_returns_on_lifespan_still_serves(registry: CollectorRegistry) -> None:
-    async def http_only(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        await send({"type": "http.response.start", "status": 204, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    mw = GracefulMiddleware(http_only, registry=registry, admin=False)
-    async with LifespanManager(mw), client(mw) as c:
-        assert mw.drain.state is State.SERVING
-        assert (await c.get("/x")).status_code == 204
-    assert mw.drain.state is State.STOPPED

@@ -81,7 +81,11 @@ from graceful import GracefulMiddleware
 from graceful._asgi._metrics import render
 
 async def app(scope, receive, send):
-    pass  # no lifespan support: graceful runs the protocol itself
+    while True:
+        message = await receive()
+        await send({"type": message["type"] + ".complete"})
+        if message["type"] == "lifespan.shutdown":
+            return
 
 async def main():
     mw = GracefulMiddleware(app, admin=False, registry=CollectorRegistry(), grace_period=10, reserve=2)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -423,8 +424,15 @@ def test_systemd_stop_fits_timeout_stop_sec(socket_dir: str) -> None:
         assert time.monotonic() - sent < 6.0, log.text()
 
 
-async def _noop_app(scope: dict[str, object], receive: object, send: object) -> None:
-    return None
+async def _noop_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An app that does nothing but complete its lifespan (graceful never answers lifespan for an app)."""
+    if scope["type"] != "lifespan":
+        return
+    while True:
+        message = await receive()
+        await send({"type": message["type"] + ".complete"})
+        if message["type"] == "lifespan.shutdown":
+            return
 
 
 @pytest.mark.anyio
