@@ -13,8 +13,8 @@ thread, in one of two ways:
 
 :class:`SignalDrain` puts itself in front of whichever it finds. The first signal starts
 the drain; once it has ended, the server's own handler gets the signal as if it had just
-arrived. A second signal (more than ``REPEAT_WINDOW`` after the first) hands on at once
-and ends the work still in flight with its final frame.
+arrived. A second signal hands on at once and ends the work still in flight with its final
+frame; one within ``REPEAT_WINDOW`` of the first is the same stop (``_stop``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -36,16 +35,11 @@ import anyio.abc
 
 from .._drain._state import Drain
 from .._drain._status import State
+from ._stop import FIRST, FORCE, HANDLED_SIGNALS, REPEAT_WINDOW, StopSignals
 
-__all__ = ["HANDLED_SIGNALS", "SignalDrain"]
+__all__ = ["HANDLED_SIGNALS", "REPEAT_WINDOW", "SignalDrain"]
 
 logger = logging.getLogger("graceful")
-
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# A signal this soon after the first is the same stop arriving twice: systemd's default
-# KillMode signals every process of the unit, and gunicorn's or granian's parent then
-# forwards the signal to its workers. Only a later one forces exit.
-REPEAT_WINDOW = 0.5
 
 
 class SignalDrain:
@@ -58,7 +52,7 @@ class SignalDrain:
         self._call_soon: Callable[[Callable[[int], None], int], object] | None = None
         self._signalled = anyio.Event()
         self._forced = anyio.Event()
-        self._first_at = 0.0
+        self._stops = StopSignals()
         self._handed_on = False
         self._wakeup_held = False
         self._held_numbers: set[int] = set()  # the signals taken through signal.signal
@@ -192,18 +186,12 @@ class SignalDrain:
         if self._handed_on:  # caught just before the server got its handlers back: pass it on
             signal.raise_signal(sig)
             return
-        now = time.monotonic()
-        if not self.received:
+        meaning = self._stops.received(sig)
+        if meaning is FIRST:
             self.received.append(sig)
-            self._first_at = now
             self._signalled.set()
             return
-        if now - self._first_at < REPEAT_WINDOW:
-            logger.info(
-                "%s again %.3fs after the first: the same stop (sent to the process group and forwarded)",
-                signal.Signals(sig).name,
-                now - self._first_at,
-            )
+        if meaning is not FORCE:
             return
         self.received.append(sig)
         logger.warning(

@@ -29,6 +29,7 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 
 from .._admin._paths import default_socket_dir, socket_path
 from .._asgi._middleware import GracefulMiddleware
+from .._asgi._stop import FIRST, FORCE, HANDLED_SIGNALS, StopSignals
 from .._drain._durations import ConfigError
 from .._drain._options import DRAIN_OPTIONS
 from .._drain._state import Drain
@@ -38,14 +39,14 @@ __all__ = ["GracefulServer", "load_app", "serve"]
 
 logger = logging.getLogger("graceful")
 
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _APP_ENV = "GRACEFUL_RUN_APP"
 _OPTIONS_ENV = "GRACEFUL_RUN_OPTIONS"
 _FORCED_EXIT = 1
 
 
 class GracefulServer(uvicorn.Server):
-    """A ``uvicorn.Server`` whose first SIGTERM/SIGINT drains and whose second forces exit.
+    """A ``uvicorn.Server`` whose first SIGTERM/SIGINT drains and whose second forces exit
+    (a repeat within ``REPEAT_WINDOW`` of the first is the same stop: ``StopSignals``).
 
     ``forced_exits`` counts forced exits. At the start of any drain (signal, preStop or
     admin socket) the peers of the open connections are pinned on the ``Drain``.
@@ -56,6 +57,7 @@ class GracefulServer(uvicorn.Server):
         self.drain = drain
         self.forced_exits = 0
         self.signals_received = 0
+        self._stops = StopSignals()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -92,12 +94,15 @@ class GracefulServer(uvicorn.Server):
     def _on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
         self.signals_received += 1
-        if self.signals_received > 1:
+        meaning = self._stops.received(sig)
+        if meaning is FORCE:
             self.forced_exits += 1
             logger.warning("second signal (%s): forcing exit with %d request(s) in flight", name, self.drain.in_flight)
             self.force_exit = True
             self.should_exit = True
             self._wake()
+            return
+        if meaning is not FIRST:
             return
         if self.drain.state in (State.STARTING, State.STOPPED):
             logger.info("%s received while %s: exiting", name, self.drain.state.value)
@@ -193,21 +198,26 @@ class _Supervisor(Multiprocess):
         super().__init__(config, sockets)
         self.socket_dir = socket_dir
         self.forced_exits = 0
+        self._stops = StopSignals()
         self._drainer: threading.Thread | None = None
 
     def handle_term(self) -> None:
-        self._on_signal("SIGTERM")
+        self._on_signal(signal.SIGTERM)
 
     def handle_int(self) -> None:
-        self._on_signal("SIGINT")
+        self._on_signal(signal.SIGINT)
 
-    def _on_signal(self, name: str) -> None:
-        if self._drainer is not None:
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        meaning = self._stops.received(sig)
+        if meaning is FORCE:
             self.forced_exits += 1
             logger.warning("second signal (%s): killing %d worker(s) now", name, len(self.processes))
             for process in self.processes:
                 process.kill()
             self.should_exit.set()
+            return
+        if meaning is not FIRST:
             return
         logger.info("%s received: draining %d worker(s)", name, len(self.processes))
         self._drainer = threading.Thread(target=self._drain_workers, args=(name,), daemon=True)

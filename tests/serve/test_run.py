@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from graceful import GracefulMiddleware, State
 from graceful._admin._server import is_listening
+from graceful._asgi._stop import REPEAT_WINDOW
 from graceful._serve._server import GracefulServer
 from tests.apps.streaming import app as streaming_app
 from tests.servers import Launched
@@ -211,8 +212,11 @@ def test_second_signal_forces_exit(launch: Callable[..., Launched]) -> None:
     server = launch()
     server.wait_ready()
     (stream,) = start_streams(server, 1, frames=100)
+    first = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     wait_status(server, 503)
+    # A repeat within REPEAT_WINDOW is the same stop arriving twice; a later one forces.
+    time.sleep(max(0.0, first + REPEAT_WINDOW + 0.1 - time.monotonic()))
     sent = time.monotonic()
     server.process.send_signal(signal.SIGINT)
     assert server.wait_exit(5) == 1
@@ -220,6 +224,25 @@ def test_second_signal_forces_exit(launch: Callable[..., Launched]) -> None:
     assert "forcing exit with 1 request(s) in flight" in server.log
     stream.join(5)
     assert not stream.whole
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_repeat_within_the_window_is_the_same_stop(workers: int, launch: Callable[..., Launched]) -> None:
+    """As under the middleware's own SIGTERM drain (one policy, graceful/_asgi/_stop.py):
+    1. streams in flight  2. SIGTERM  3. SIGTERM again 0.1 s later (systemd and a parent
+    forwarding it both send one)  4. the streams end whole and the exit is 0."""
+    server = launch("--workers", str(workers))
+    server.wait_ready(sockets=workers)
+    streams = start_streams(server, 2, frames=20)
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.1)  # the scenario: the same stop arriving again 0.1 s later
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0, server.log
+    for stream in streams:
+        stream.join(5)
+        assert stream.whole, (stream.body, stream.error)
+    assert "SIGTERM again 0." in server.log and "the same stop" in server.log
+    assert "second signal" not in server.log
 
 
 def test_already_wrapped_app_warns_on_conflicting_options(launch: Callable[..., Launched]) -> None:
@@ -370,8 +393,10 @@ def test_workers_second_signal_kills_them_and_exits_1(launch: Callable[..., Laun
     server = launch("--workers", "2")
     server.wait_ready(sockets=2)
     (stream,) = start_streams(server, 1, frames=100)
+    first = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     server.wait_log("SIGTERM received: draining 2 worker(s)")
+    time.sleep(max(0.0, first + REPEAT_WINDOW + 0.1 - time.monotonic()))
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     assert server.wait_exit(10) == 1
