@@ -171,7 +171,7 @@ def test_a_forbidden_arrow_is_detected() -> None:
 
 def test_helpers_do_not_import_the_middleware() -> None:
     graph = import_graph()
-    for helper in ("_asgi._http", "_asgi._websocket", "_asgi._lifespan"):
+    for helper in ("_asgi._http", "_asgi._refusal", "_asgi._websocket", "_asgi._lifespan", "_asgi._stop"):
         assert "_asgi._middleware" not in graph[helper], helper
 
 

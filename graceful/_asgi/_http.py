@@ -1,4 +1,4 @@
-"""One admitted HTTP request (the hot path) and the middleware's own small responses."""
+"""One admitted HTTP request: the hot path from admission to its last frame."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ import anyio
 
 from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, Tracked
 from .._drain._state import Drain
-from .._drain._status import SERVING, State
+from .._drain._status import SERVING
 from ._config import Config
 from ._frames import FinalFrame, default_final_frame, resumable_final_frame, shutdown_error
+from ._refusal import HTTP1, json_response, request_id
 from ._types import Message, Receive, Scope, Send
 
-__all__ = ["NOT_STARTED_HEADER", "REFUSAL", "Call", "json_response", "reject"]
+__all__ = ["RESUMABLE_HEADER", "Call", "resumable"]
 
 logger = logging.getLogger("graceful")
 
-# Marks a 503 whose request never reached the app, so a gateway knows a retry is safe.
-NOT_STARTED_HEADER = b"x-graceful-not-started"
 # A client that can continue a cut stream elsewhere says so (docs/resume.md).
 RESUMABLE_HEADER = b"x-graceful-resumable"
 
@@ -30,93 +29,6 @@ RESUMABLE_HEADER = b"x-graceful-resumable"
 def resumable(scope: Scope) -> bool:
     """Whether the request carried ``x-graceful-resumable: 1`` (read off the hot path only)."""
     return any(name == RESUMABLE_HEADER and value.strip() == b"1" for name, value in scope["headers"])
-
-
-_HTTP1 = frozenset({"1.0", "1.1"})
-# Before a refusal, read and drop this much of the request body at most, for this long
-# at most (a slow client must not hold a draining server). See _drop_body. Prompts of
-# 100 KB and more are normal, and base64 images make bodies of several MB.
-REFUSAL_BODY_LIMIT = 16 << 20
-REFUSAL_BODY_TIMEOUT = 1.0
-
-# Why a request was refused, by state (SERVING: only the reject_over limit refuses).
-REFUSAL = {
-    State.STARTING: "server_starting",
-    State.DRAINING: "server_draining",
-    State.STOPPED: "server_stopped",
-    State.SERVING: "server_overloaded",
-}
-
-_MESSAGES = {
-    "server_draining": "This server is draining for shutdown and did not start the request; retry it elsewhere.",
-    "server_starting": "This server is still starting and did not start the request; retry it elsewhere.",
-    "server_stopped": "This server has stopped and did not start the request; retry it elsewhere.",
-    "server_overloaded": "This server is at its in-flight limit and did not start the request; retry it elsewhere.",
-}
-
-
-async def json_response(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", b"%d" % len(body)),
-                (b"cache-control", b"no-store"),
-                *(headers or ()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-def request_id(config: Config, scope: Scope) -> bytes:
-    wanted = config.request_id_header
-    for name, value in scope["headers"]:
-        if name == wanted:
-            return bytes(value)
-    return b"%b%d" % (config.id_prefix, next(config.ids))
-
-
-async def reject(config: Config, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-    """A retryable 503 for a request the app never saw."""
-    body_read = await _drop_body(scope, receive)
-    body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
-    headers = [(b"retry-after", config.retry_after), (NOT_STARTED_HEADER, b"1")]
-    if config.request_id_header is not None:
-        headers.append((config.request_id_header, request_id(config, scope)))
-    if body_read and scope.get("http_version", "1.1") in _HTTP1:
-        headers.append((b"connection", b"close"))
-    await json_response(send, 503, body, headers)
-
-
-async def _drop_body(scope: Scope, receive: Receive) -> bool:
-    """Read and drop a refused request's body; True once it has ended, so closing is safe.
-
-    Closing a connection with unread request bytes in its socket makes the kernel
-    answer with a reset, which can destroy the 503 before the peer reads it (nginx
-    then shows a 502 and does not retry). Past REFUSAL_BODY_LIMIT or
-    REFUSAL_BODY_TIMEOUT we stop and answer without ``Connection: close``: uvicorn
-    (h11 and httptools alike) then reads and drops the rest itself and keeps the
-    connection, so nothing is left unread when it closes. (hypercorn 0.18 and granian
-    2.8 close the connection there anyway, so past the limit a reset can still come.)
-    """
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            if not value.isdigit() or int(value) > REFUSAL_BODY_LIMIT:
-                return False
-            break
-    seen = 0
-    with anyio.move_on_after(REFUSAL_BODY_TIMEOUT):
-        while seen <= REFUSAL_BODY_LIMIT:
-            message = await receive()
-            if message["type"] != "http.request":
-                return True  # the client is gone: nothing more will arrive
-            seen += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return True
-    return False
 
 
 # Messages of ASGI extensions that end a response as the last http.response.body does: a file sent
@@ -215,7 +127,7 @@ class Call(Tracked):
             if config.request_id_header is not None:
                 headers.append((config.request_id_header, request_id(config, self.scope)))
             if self.ledger.state is not SERVING:
-                if self.scope.get("http_version", "1.1") in _HTTP1:
+                if self.scope.get("http_version", "1.1") in HTTP1:
                     # Keep-alive clients and balancers must stop reusing this connection.
                     headers.append((b"connection", b"close"))
                 if self.ledger.handing_off:
@@ -312,7 +224,7 @@ class Call(Tracked):
         self.server_send = _drop
         try:
             if not self.started():
-                close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in _HTTP1 else []
+                close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in HTTP1 else []
                 await json_response(send, 503, shutdown_error(), close)
             else:
                 frame = self._final_frame()(self.content_type())

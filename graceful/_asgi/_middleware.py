@@ -20,8 +20,9 @@ from .._drain._state import Drain
 from .._drain._status import SERVING, State
 from ._config import Config
 from ._frames import FinalFrame, default_final_frame
-from ._http import REFUSAL, Call, json_response, reject, resumable
+from ._http import Call, resumable
 from ._lifecycle import Lifecycle
+from ._refusal import REFUSAL, json_response, reject, reject_websocket
 from ._types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["GracefulMiddleware"]
@@ -180,8 +181,13 @@ class GracefulMiddleware:
                 await handler(scope, receive, send)
                 return
             drain = self.drain
-            if drain.state is not SERVING and self._turned_away(scope):
-                return await self._refuse(scope, receive, send, REFUSAL[drain.state])
+            work = drain.admitted
+            limit = self.reject_over
+            # Admission's fast path: while SERVING under the reject_over limit there is nothing to decide.
+            if drain.state is not SERVING or (limit is not None and len(work) >= limit):
+                reason = self._refusal(scope)
+                if reason is not None:
+                    return await self._refuse(scope, receive, send, reason)
             # The request's record, filled here rather than by a Python __init__ (one frame less
             # per request); Call's docstring lists its fields.
             call = Call()
@@ -197,10 +203,6 @@ class GracefulMiddleware:
             call.server_send = send
             call.last = None
             # Drain.admit_item, inlined: this runs once per request.
-            work = drain.admitted
-            limit = self.reject_over
-            if limit is not None and len(work) >= limit:
-                return await self._refuse(scope, receive, send, "server_overloaded")
             work[call] = _monotonic()  # the ledger keeps each item's admission time
             try:
                 if task is not None:
@@ -216,6 +218,9 @@ class GracefulMiddleware:
                 call.finish(ERROR)
             return
         if kind == "websocket":
+            reason = self._refusal(scope)
+            if reason is not None:
+                return await self._refuse(scope, receive, send, reason)
             from ._websocket import websocket_call
 
             return await websocket_call(self.settings, scope, receive, send)
@@ -237,21 +242,35 @@ class GracefulMiddleware:
             self.loop = running if bound else None
         return self.current_task(self.loop)
 
-    def _turned_away(self, scope: Scope) -> bool:
-        """Admission's slow path, for a request that arrives while not SERVING: is it refused?"""
-        self.lifecycle.arrived()  # with no lifespan running, this serves it, as the unwrapped app would
+    def _refusal(self, scope: Scope) -> str | None:
+        """Admission, for HTTP and WebSocket alike: why a new request is refused, or None to admit it.
+
+        The one rule: while not SERVING, a request is refused unless the drain admits it (during
+        the propagation wait, or once on a connection pinned at the drain's start), and a resumable
+        request is refused once streams are handed off; in any state, ``reject_over`` requests in
+        flight refuse the next one.
+        """
         drain = self.drain
-        if drain.state is SERVING:
-            return False
-        return not drain.admits(scope.get("client")) or (
-            # Once streams are handed off, a resumable one would be handed off as soon as it
-            # started (it comes on a kept-alive connection): its client goes elsewhere at once.
-            drain.handing_off and resumable(scope)
-        )
+        if drain.state is not SERVING:
+            self.lifecycle.arrived()  # with no lifespan running, this serves it, as the unwrapped app would
+            if drain.state is not SERVING and (
+                not drain.admits(scope.get("client"))
+                # Once streams are handed off, a resumable one would be handed off as soon as it
+                # started (it comes on a kept-alive connection): its client goes elsewhere at once.
+                or (drain.handing_off and resumable(scope))
+            ):
+                return REFUSAL[drain.state]
+        limit = self.reject_over
+        if limit is not None and drain.in_flight >= limit:
+            return "server_overloaded"
+        return None
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
         self.drain.count_rejected(reason)
-        await reject(self.settings, scope, receive, send, reason)
+        if scope["type"] == "websocket":
+            await reject_websocket(self.settings, scope, receive, send, reason)
+        else:
+            await reject(self.settings, scope, receive, send, reason)
 
     # -- probes: answered here, never counted, never refused ----------------------------------
 

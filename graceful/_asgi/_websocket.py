@@ -1,48 +1,20 @@
-"""WebSockets: refused while not serving, counted until closed, closed with 1012 at the deadline."""
+"""WebSockets: counted from admission until closed, closed with 1012 at the deadline (refusals: ``_refusal``)."""
 
 from __future__ import annotations
-
-import json
 
 import anyio
 
 from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, Tracked
-from .._drain._status import State
 from ._config import Config
-from ._http import NOT_STARTED_HEADER, REFUSAL
+from ._refusal import TRY_AGAIN_LATER
 from ._types import Message, Receive, Scope, Send
 
 SERVICE_RESTART = 1012  # RFC 6455 registry: "Service Restart"
 
 
 async def websocket_call(config: Config, scope: Scope, receive: Receive, send: Send) -> None:
-    drain = config.drain
-    if drain.state is not State.SERVING:
-        config.lifecycle.arrived()  # with no lifespan running, the socket is served as unwrapped
-    if drain.state is not State.SERVING and not drain.admits(scope.get("client")):
-        reason = REFUSAL[drain.state]
-        drain.count_rejected(reason)
-        await _refuse(scope, receive, send, reason)
-        return
+    """Run an admitted WebSocket session (the middleware's admission has let it in)."""
     await _Socket(config, scope, receive, send).run()
-
-
-async def _refuse(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-    message = await receive()
-    if message["type"] != "websocket.connect":
-        return
-    if "websocket.http.response" in (scope.get("extensions") or {}):
-        body = json.dumps({"error": {"type": reason, "code": 503, "message": "not accepting websockets"}}).encode()
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": 503,
-                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"), (NOT_STARTED_HEADER, b"1")],
-            }
-        )
-        await send({"type": "websocket.http.response.body", "body": body})
-    else:
-        await send({"type": "websocket.close", "code": 1013})  # "Try Again Later" -> HTTP 403 from most servers
 
 
 async def _drop(message: Message) -> None:
@@ -101,7 +73,7 @@ class _Socket(Tracked):
             if self.accepted:
                 await send({"type": "websocket.close", "code": SERVICE_RESTART, "reason": "server restart"})
             else:
-                await send({"type": "websocket.close", "code": 1013})
+                await send({"type": "websocket.close", "code": TRY_AGAIN_LATER})
         except Exception:
             pass
         self.finish(CANCELLED)

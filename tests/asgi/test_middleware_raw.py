@@ -803,14 +803,14 @@ async def test_refusal_reads_the_body_before_closing() -> None:
 
 async def test_refusal_past_the_cap_or_the_time_limit_keeps_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     """Over the cap (announced or streamed) or too slow: answer without Connection: close, at once."""
-    from graceful._asgi import _http
+    from graceful._asgi import _refusal
 
     async def never(*_: object) -> Message:
         raise AssertionError("a body announced over the cap must not be read")
 
     mw = refusing()
     rec = Recorder(mw.drain)
-    too_big = str(_http.REFUSAL_BODY_LIMIT + 1).encode()
+    too_big = str(_refusal.REFUSAL_BODY_LIMIT + 1).encode()
     await mw(http_scope(headers=[(b"content-length", too_big)]), never, rec)
     assert rec.status == 503 and b"connection" not in rec.headers
 
@@ -825,9 +825,9 @@ async def test_refusal_past_the_cap_or_the_time_limit_keeps_the_connection(monke
     rec = Recorder(mw.drain)
     await mw(http_scope(), endless, rec)
     assert rec.status == 503 and b"connection" not in rec.headers
-    assert reads == _http.REFUSAL_BODY_LIMIT // 65536 + 1
+    assert reads == _refusal.REFUSAL_BODY_LIMIT // 65536 + 1
 
-    monkeypatch.setattr(_http, "REFUSAL_BODY_TIMEOUT", 0.05)
+    monkeypatch.setattr(_refusal, "REFUSAL_BODY_TIMEOUT", 0.05)
     first = True
 
     async def stalls() -> Message:

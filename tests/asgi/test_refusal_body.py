@@ -25,9 +25,9 @@ import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-import graceful._asgi._http
+import graceful._asgi._refusal
 from graceful import GracefulMiddleware
-from graceful._asgi._http import REFUSAL_BODY_LIMIT
+from graceful._asgi._refusal import REFUSAL_BODY_LIMIT
 from graceful._asgi._types import Receive, Scope, Send
 
 ATTEMPTS = 50
@@ -124,7 +124,7 @@ def test_refusal_of_a_large_post_arrives_whole(
 ) -> None:
     """50 POSTs per size, each must get a complete 503. With the limit lowered to 1 MiB the 4 MiB
     bodies take the other path: no Connection: close, the server drops the rest itself."""
-    monkeypatch.setattr(graceful._asgi._http, "REFUSAL_BODY_LIMIT", limit)  # the server runs in this process
+    monkeypatch.setattr(graceful._asgi._refusal, "REFUSAL_BODY_LIMIT", limit)  # the server runs in this process
     failures: dict[int, list[str]] = {}
     with refusing_server(http, state) as port:
         for size in SIZES:
@@ -146,7 +146,7 @@ def test_refusal_of_a_large_post_arrives_whole(
 def test_connection_stays_usable_after_a_refusal_past_the_cap(http: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the cap (lowered to 1 MiB here) uvicorn keeps the connection and drops the rest of the
     body: a second request on it gets its own complete 503."""
-    monkeypatch.setattr(graceful._asgi._http, "REFUSAL_BODY_LIMIT", 1 << 20)
+    monkeypatch.setattr(graceful._asgi._refusal, "REFUSAL_BODY_LIMIT", 1 << 20)
     with refusing_server(http, "draining") as port:
         conn = h11.Connection(h11.CLIENT)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as client:

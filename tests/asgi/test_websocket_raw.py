@@ -146,3 +146,68 @@ async def test_app_error_and_clean_close_are_told_apart() -> None:
     with pytest.raises(RuntimeError):
         await mw(ws_scope(), connect, sink)
     assert mw.drain.counters()["requests"]["error"] == 1 and mw.drain.in_flight == 0
+
+
+async def test_refusal_carries_the_configured_retry_after_and_request_id() -> None:
+    """One refusal for HTTP and WebSocket: the retry_after option, not a fixed 1."""
+    mw = GracefulMiddleware(
+        never_called, registry=CollectorRegistry(), admin=False, retry_after=7, request_id_header="x-request-id"
+    )
+    mw.drain.mark_serving()
+    mw.drain.begin_drain("test", propagation_wait=0)
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {**ws_scope({"websocket.http.response": {}}), "headers": [(b"x-request-id", b"abc")]}
+    await mw(scope, connect, send)
+    start, body = sent
+    assert start["status"] == 503
+    headers = dict(start["headers"])
+    assert (headers[b"retry-after"], headers[b"x-graceful-not-started"], headers[b"x-request-id"]) == (
+        b"7",
+        b"1",
+        b"abc",
+    )
+    assert json.loads(body["body"])["error"]["type"] == "server_draining"
+
+
+@pytest.mark.parametrize("extension", [False, True])
+async def test_a_socket_past_reject_over_is_refused(extension: bool) -> None:
+    """1. reject_over=1, one socket open  2. a second handshake  3. refused as overloaded, never reaching the app."""
+    opened, release = anyio.Event(), anyio.Event()
+    calls = 0
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal calls
+        calls += 1
+        await receive()
+        await send({"type": "websocket.accept"})
+        opened.set()
+        await release.wait()
+        await send({"type": "websocket.close", "code": 1000})
+
+    mw = GracefulMiddleware(app, registry=CollectorRegistry(), admin=False, reject_over=1)
+    mw.drain.mark_serving()
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def ignore(message: Message) -> None:
+        pass
+
+    extensions = {"websocket.http.response": {}} if extension else None
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mw, ws_scope(), connect, ignore)
+            await opened.wait()
+            await mw(ws_scope(extensions), connect, send)
+            release.set()
+    assert calls == 1
+    if extension:
+        assert sent[0]["status"] == 503 and json.loads(sent[1]["body"])["error"]["type"] == "server_overloaded"
+    else:
+        assert sent == [{"type": "websocket.close", "code": 1013}]
+    assert mw.drain.counters()["rejected"] == {"server_overloaded": 1}
