@@ -7,6 +7,7 @@ progress to stderr, and turns the result into an exit code.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from functools import partial
 
@@ -14,7 +15,7 @@ import anyio
 import click
 
 from .._drain._durations import ConfigError, env_duration
-from .._engine._config import EngineConfig, EngineDrainResult, EngineProgress
+from .._engine._config import GRACE_SHARE, EngineConfig, EngineDrainResult, EngineProgress
 from .._engine._wait import REFUSED_READS, poll
 
 __all__ = ["run_engine_drain"]
@@ -64,15 +65,22 @@ class _Progress:
         )
 
 
-def _env_fallbacks(timeout: float | None, grace_period: float | None) -> tuple[float | None, float | None]:
-    # DRAIN_TIMEOUT and GRACE_SECONDS are the names of the hook proposed for kthena (its lossless-upgrade
-    # pull request), read so this drops into pods that set them. kthena's released hooks read neither.
+def _env_fallbacks(
+    timeout: float | None, grace_period: float | None
+) -> tuple[float | None, float | None, float | None]:
+    """(timeout, grace_period, grace_share) with the environment's fallbacks.
+
+    DRAIN_TIMEOUT and GRACE_SECONDS are the names of the hook proposed for kthena (its lossless-upgrade
+    pull request), read so this drops into pods that set them; where either is set, that hook's rule
+    applies too (70% of the grace period, ``GRACE_SHARE``). kthena's released hooks read neither.
+    """
+    kthena = any(os.environ.get(var, "").strip() for var in ("DRAIN_TIMEOUT", "GRACE_SECONDS"))
     if timeout is None:
         timeout = env_duration("DRAIN_TIMEOUT")
     for var in ("GRACEFUL_GRACE_PERIOD", "GRACE_SECONDS"):
         if grace_period is None:
             grace_period = env_duration(var)
-    return timeout, grace_period
+    return timeout, grace_period, GRACE_SHARE if kthena else None
 
 
 def run_engine_drain(
@@ -91,7 +99,7 @@ def run_engine_drain(
 ) -> int:
     """Exit 0 when idle or gone, 1 when the budget ran out, 2 on bad usage."""
     try:
-        timeout, grace_period = _env_fallbacks(timeout, grace_period)
+        timeout, grace_period, grace_share = _env_fallbacks(timeout, grace_period)
         config = EngineConfig(
             engine=engine,
             metrics_url=metrics_url,
@@ -102,6 +110,7 @@ def run_engine_drain(
             propagation_wait=propagation_wait,
             timeout=timeout,
             grace_period=grace_period,
+            grace_share=grace_share,
         )
     except ConfigError as exc:
         _say(f"error: {exc}")

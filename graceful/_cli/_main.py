@@ -115,7 +115,7 @@ def drain_command(
     if engine is not None or metrics_url is not None or metrics:
         if propagation_quiet is not None:
             _fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
-        # Engine mode has its own budget rule (70% of the grace period), so it gets the raw options.
+        # Engine mode reads the hook's environment itself (kthena's names bring their 70% rule): raw options.
         from ._engine import run_engine_drain
 
         ctx.exit(

@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from .._drain._durations import DEFAULT_GRACE_PERIOD, ConfigError, parse_duration
+from .._drain._durations import DEFAULT_GRACE_PERIOD, ConfigError, default_reserve, drain_limit, parse_duration
 from ._page import parse_metric
 from ._presets import PRESETS, EnginePreset
 
@@ -25,13 +25,16 @@ __all__ = [
     "EngineOutcome",
     "EngineProgress",
     "effective_wait",
+    "engine_limit",
 ]
 
 EngineOutcome = Literal["idle", "timeout", "gone"]
 
 MAX_KV_BUFFER = 30.0
 # The 70% rule of the hook proposed for kthena's ModelServing (its lossless-upgrade pull request): leave 30% of
-# the grace period for SIGTERM, the engine's own shutdown and process exit.
+# the grace period for SIGTERM, the engine's own shutdown and process exit. It applies where that hook's
+# environment names (DRAIN_TIMEOUT, GRACE_SECONDS) configure the hook; otherwise engine mode takes the
+# drain's own rule, grace_period - reserve (the two agree from a 33.3 s grace period up).
 GRACE_SHARE = 0.7
 
 
@@ -114,6 +117,7 @@ class EngineConfig:
     propagation_wait: float | str = 0.0
     timeout: float | None = None
     grace_period: float | None = None
+    grace_share: float | None = None
     preset: EnginePreset | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -154,12 +158,16 @@ class EngineConfig:
                 f"kv-buffer: {self.kv_buffer!r} is longer than {MAX_KV_BUFFER:g}s; decode peers pull the last KV "
                 "within seconds, and a long hold eats the grace period: use 30s or less"
             )
+        share = self.grace_share
+        if share is not None and not (isinstance(share, float | int) and 0 < share <= 1):
+            raise ConfigError(f"grace_share: {share!r} must be a fraction of the grace period, above 0 and at most 1")
         wait = parse_duration(self.propagation_wait, name="propagation-wait")
-        limit = effective_wait(self.timeout, self.grace_period)
+        limit = self.limit
         if wait >= limit:
+            rule = "grace period - reserve" if share is None else f"{share:.0%} of the grace period"
             raise ConfigError(
                 f"propagation-wait: {self.propagation_wait!r} does not fit in the {limit:g}s budget "
-                f"(min(timeout, {GRACE_SHARE:.0%} of the grace period)); shorten it or raise the grace period"
+                f"(min(timeout, {rule})); shorten it or raise the grace period"
             )
         for name, value in (
             ("preset", preset),
@@ -172,8 +180,8 @@ class EngineConfig:
 
     @property
     def limit(self) -> float:
-        """The whole budget: ``min(timeout, 70% of grace_period)``."""
-        return effective_wait(self.timeout, self.grace_period)
+        """The whole budget (``engine_limit``): the drain's rule, or ``grace_share`` of the grace period."""
+        return engine_limit(self.timeout, self.grace_period, self.grace_share)
 
     @property
     def rules(self) -> EnginePreset | None:
@@ -182,11 +190,22 @@ class EngineConfig:
         return preset if preset is not None and tuple(self.metrics) == preset.metrics else None
 
 
-def effective_wait(timeout: float | None, grace_period: float | None) -> float:
-    """``min(timeout, 70% of grace_period)``; 70% of Kubernetes' default 30 s when neither is known."""
+def engine_limit(timeout: float | None, grace_period: float | None, grace_share: float | None = None) -> float:
+    """Engine mode's budget: the drain's rule, ``min(timeout, grace_period - reserve)`` with the
+    default reserve and Kubernetes' default 30 s grace period when none is known, as a graceful
+    server's drain takes it; with ``grace_share``, kthena's hook rule (``effective_wait``) instead."""
+    if grace_share is not None:
+        return effective_wait(timeout, grace_period, grace_share)
+    grace = DEFAULT_GRACE_PERIOD if grace_period is None else grace_period
+    return drain_limit(grace, default_reserve(grace), timeout)
+
+
+def effective_wait(timeout: float | None, grace_period: float | None, share: float = GRACE_SHARE) -> float:
+    """kthena's hook rule: ``min(timeout, 70% of grace_period)``; 70% of Kubernetes' default 30 s when neither
+    is known, the timeout alone when only it is."""
     if timeout is None and grace_period is None:
         grace_period = DEFAULT_GRACE_PERIOD
     limits = [] if timeout is None else [timeout]
     if grace_period is not None:
-        limits.append(GRACE_SHARE * grace_period)
+        limits.append(share * grace_period)
     return min(limits)

@@ -136,11 +136,12 @@ async def wait_idle(
     propagation_wait: float | str = 0.0,
     timeout: float | None = None,
     grace_period: float | None = None,
+    grace_share: float | None = None,
     config: EngineConfig | None = None,
     on_progress: Callable[[EngineProgress], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
 ) -> EngineDrainResult:
-    """Wait until an engine's in-flight metrics read zero, within ``min(timeout, 70% of grace_period)``.
+    """Wait until an engine's in-flight metrics read zero, within the budget (``EngineConfig.limit``).
 
     Pass the settings as keywords or as one :class:`EngineConfig` (``config=``), not both.
     Raises :class:`ConfigError` for bad settings. Unlike the ``graceful drain`` command,
@@ -157,6 +158,7 @@ async def wait_idle(
             propagation_wait=propagation_wait,
             timeout=timeout,
             grace_period=grace_period,
+            grace_share=grace_share,
         )
     elif engine is not None or metrics_url is not None or metrics:
         raise ConfigError("wait_idle: pass either config= or the engine settings, not both")

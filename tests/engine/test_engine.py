@@ -421,13 +421,29 @@ async def test_nan_never_reports_idle_and_warns_once(serve: Any) -> None:
     assert result.as_dict()["values"] == {"vllm:num_requests_running": "nan", "vllm:num_requests_waiting": 0.0}
 
 
-async def test_budget_is_70_percent_of_the_grace_period(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_budget_is_the_drains_rule(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """grace_period - reserve, as a graceful server's drain takes it (the default reserve of 0.5 s is half)."""
     engine = ScriptedEngine(BUSY)
     assert await drain_cli(metrics_url=await serve(engine), timeout=10.0, grace_period=0.5) == 1
     result, err = json_result(capsys)
-    assert result["limit"] == pytest.approx(0.35)
-    assert 0.35 <= result["duration"] < 3.5  # the budget, not the 10 s timeout; 10x safety bound
-    assert "budget of 0.35s ran out with running=1 waiting=0" in err
+    assert result["limit"] == pytest.approx(0.25)
+    assert 0.25 <= result["duration"] < 2.5  # the budget, not the 10 s timeout; 10x safety bound
+    assert "budget of 0.25s ran out with running=1 waiting=0" in err
+
+
+@pytest.mark.parametrize("grace", [30.0, 10.0, 60.0, 300.0])
+def test_engine_mode_and_the_drain_get_the_same_limit(grace: float) -> None:
+    """One budget rule: engine mode's limit is the drain's, at every grace period (21 s against 20 s at 30 s before)."""
+    from graceful import Drain
+
+    drain = Drain(grace_period=grace)
+    assert EngineConfig("vllm", grace_period=grace).limit == drain.budget.limit
+    assert (
+        EngineConfig("vllm", grace_period=grace, timeout=7).limit
+        == Drain(grace_period=grace, drain_timeout=7).budget.limit
+    )
+    assert EngineConfig("vllm").limit == Drain().budget.limit == 20.0  # Kubernetes' default 30 s
+    assert EngineConfig("vllm", grace_period=grace, grace_share=0.7).limit == pytest.approx(0.7 * grace)  # kthena's
 
 
 @pytest.mark.parametrize(
