@@ -11,9 +11,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from benchmarks.inprocess import PassThrough
+from benchmarks._drive import PassThrough, ReceiveToo, SendOnly
 from graceful import GracefulMiddleware
-from graceful._asgi._types import Receive, Scope, Send
+from graceful._asgi._types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["FRAMES", "bare", "floor", "holder", "metrics_page", "wrapped"]
 
@@ -44,6 +44,13 @@ bare = _app()
 wrapped = GracefulMiddleware(_app(), registry=CollectorRegistry(), admin=False)
 # The pass-through floor of benchmarks.inprocess (wrap send, forward): what any wrapper costs.
 floor = PassThrough(_app())
+
+
+def __getattr__(name: str) -> ASGIApp:
+    """The ablations of benchmarks.e2e_profile (``send_only``, ``receive_too``), made only when a server asks."""
+    if name in ("send_only", "receive_too"):
+        return (SendOnly if name == "send_only" else ReceiveToo)(_app())
+    raise AttributeError(name)
 
 
 async def holder(scope: Scope, receive: Receive, send: Send) -> None:

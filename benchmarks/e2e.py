@@ -29,133 +29,25 @@ or other processes set part of the pace. Access logs are off in both.
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from benchmarks._common import machine, median, table
+from benchmarks._uvicorn import cpu_ns, cpus, pin, uvicorn_server
 
 PATHS = {"short": "/v1/hello", "stream": "/v1/stream"}  # a short JSON response; a 20-frame SSE stream
 TARGET = 0.97
 CONFIDENCE = 0.95
 _RPS = re.compile(rb"Requests/sec:\s+([0-9.]+)")
 _REQUESTS = re.compile(rb"(\d+) requests in ")
-
-
-def _answers(port: int) -> bool:
-    """Whether the server behind ``port`` answers an HTTP request (any status)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
-            return bool(sock.recv(1))
-    except OSError:
-        return False
-
-
-def _pin(cpu: int) -> Callable[[], None]:
-    """For ``preexec_fn``: the child runs on ``cpu`` only, from before its first instruction (threads included)."""
-    return functools.partial(os.sched_setaffinity, 0, {cpu})
-
-
-def cpus() -> tuple[int, int]:
-    """The server's CPU and wrk's: the first two this process may run on; exits when there is only one."""
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
-        sys.exit(
-            f"benchmarks.e2e needs 2 CPUs (the server on one, wrk on another) but may use only {allowed}: "
-            "run it on a machine with 2 or more cores, or widen the affinity (taskset -c 0,1 python -m benchmarks.e2e)"
-        )
-    return allowed[0], allowed[1]
-
-
-# uvicorn on a listening socket it inherits. Not uvicorn's own --fd: that wraps the descriptor as
-# AF_UNIX whatever it is, so asyncio leaves TCP_NODELAY off on the TCP connections, and Nagle's
-# algorithm against delayed ACKs then holds each small response about 40 ms (both variants stall
-# near 370 req/s at 16 connections). socket(fileno=...) reads the real family from the descriptor.
-_LAUNCH = """\
-import socket, sys, uvicorn
-sock = socket.socket(fileno=int(sys.argv[2]))
-uvicorn.Server(uvicorn.Config(sys.argv[1], log_level="warning", access_log=False)).run(sockets=[sock])
-"""
-
-
-@dataclass(frozen=True)
-class Server:
-    port: int
-    pid: int
-
-
-@contextmanager
-def uvicorn_server(target: str, cpu: int | None = None) -> Iterator[Server]:
-    with launched(lambda fd: [sys.executable, "-c", _LAUNCH, target, str(fd)], target, cpu) as server:
-        yield server
-
-
-@contextmanager
-def launched(
-    command: Callable[[int], list[str]],
-    name: str,
-    cpu: int | None = None,
-    *,
-    env: dict[str, str] | None = None,
-    start_limit: float = 20.0,
-    stop_limit: float = 10.0,
-) -> Iterator[Server]:
-    """The server ``command(fd)`` starts on a listening socket it inherits as ``fd``: bound and
-    listening here, so no other process can take its port in between. Stopped on exit."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1024)
-    port = int(listener.getsockname()[1])
-    # wrk cuts its connections mid-stream when it stops, and asyncio logs each cut write on stderr:
-    # into a file, read only to say why a server did not start.
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            command(listener.fileno()),
-            cwd=_root(),
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            pass_fds=(listener.fileno(),),
-            env=env,
-            preexec_fn=None if cpu is None else _pin(cpu),
-        )
-        listener.close()
-        try:
-            deadline = time.monotonic() + start_limit
-            while not _answers(port):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    said = log.read()[-2000:].decode(errors="replace").strip()
-                    raise RuntimeError(f"uvicorn {name} did not start (exit code {proc.poll()}): {said}")
-                time.sleep(0.02)
-            yield Server(port, proc.pid)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(stop_limit)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cpu_ns(pid: int) -> int:
-    """CPU time process ``pid``'s main thread has run, in ns (uvicorn serves from that one thread)."""
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0])
 
 
 def user_sys_ticks(pid: int) -> tuple[int, int]:
@@ -186,7 +78,7 @@ def wrk(port: int, path: str, duration: float, connections: int, cpu: int | None
         capture_output=True,
         check=True,
         timeout=duration + 30,
-        preexec_fn=None if cpu is None else _pin(cpu),
+        preexec_fn=None if cpu is None else pin(cpu),
     ).stdout
     wall = time.monotonic() - t0
     rps, requests = _RPS.search(out), _REQUESTS.search(out)
@@ -254,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: install it from the system packages (apt-get install wrk)")
-    server_cpu, wrk_cpu = cpus()
+    server_cpu, wrk_cpu = cpus("benchmarks.e2e")
     server_cpu = server_cpu if args.server_cpu is None else args.server_cpu
     wrk_cpu = wrk_cpu if args.wrk_cpu is None else args.wrk_cpu
     if server_cpu == wrk_cpu:

@@ -32,20 +32,19 @@ import json
 import os
 import pstats
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
+from benchmarks import _callgrind
 from benchmarks._common import machine, table
-from benchmarks.e2e import PATHS, Server, _pin, _root, cpu_ns, cpus, launched
-from graceful._asgi._types import ASGIApp, Message, Receive, Scope, Send
+from benchmarks._live import root
+from benchmarks._uvicorn import Server, cpu_ns, cpus, drive, launched, pin
+from benchmarks.e2e import PATHS
 
 VARIANTS = {
     "bare": "bare app",
@@ -54,10 +53,8 @@ VARIANTS = {
     "receive_too": "ablation: the same, and receive wrapped in a coroutine as Call.receive",
     "wrapped": "GracefulMiddleware (default options)",
 }
-# Where uvicorn finds each: the apps of benchmarks.e2e, and the two ablations below.
-TARGETS = {name: f"benchmarks.apps:{name}" for name in ("bare", "floor", "wrapped")} | {
-    name: f"benchmarks.e2e_profile:{name}" for name in ("send_only", "receive_too")
-}
+# Where uvicorn finds each: the apps of benchmarks.e2e and the two ablations (benchmarks/_drive.py).
+TARGETS = {name: f"benchmarks.apps:{name}" for name in VARIANTS}
 # The same variants in benchmarks.instructions' in-process drive (the ablations have none).
 IN_PROCESS = {
     "bare": "bare app",
@@ -108,115 +105,21 @@ uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])
 """
 
 
-class SendOnly:
-    """Ablation: ``send`` wrapped in a plain function that returns the server's awaitable, as
-    ``Call.send`` does for a frame; ``receive`` passed through."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        def wrapped_send(message: Message) -> Awaitable[None]:
-            return send(message)
-
-        await self.app(scope, receive, wrapped_send)
-
-
-class ReceiveToo:
-    """Ablation: ``SendOnly``, and ``receive`` wrapped in a coroutine, as ``Call.receive`` does."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        def wrapped_send(message: Message) -> Awaitable[None]:
-            return send(message)
-
-        async def wrapped_receive() -> Message:
-            return await receive()
-
-        await self.app(scope, wrapped_receive, wrapped_send)
-
-
-def __getattr__(name: str) -> ASGIApp:
-    """The ablations' apps, made when a server asks for one (the client and the report never do)."""
-    if name in ("send_only", "receive_too"):
-        from benchmarks.apps import _app
-
-        return (SendOnly if name == "send_only" else ReceiveToo)(_app())
-    raise AttributeError(name)
-
-
-# -- the client --------------------------------------------------------------------------------
-
-
-def _read_response(sock: socket.socket, buf: bytes) -> bytes:
-    """Read one response (Content-Length or chunked) from ``buf`` + ``sock``; return what follows it."""
-    while b"\r\n\r\n" not in buf:
-        buf += _recv(sock)
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    lower = head.lower()
-    if b"transfer-encoding: chunked" in lower:
-        end = b"\r\n0\r\n\r\n"
-        while end not in b"\r\n" + rest:
-            rest += _recv(sock)
-        return rest[(b"\r\n" + rest).index(end) + len(end) - 2 :]
-    length = int(lower.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
-    while len(rest) < length:
-        rest += _recv(sock)
-    return rest[length:]
-
-
-def _recv(sock: socket.socket) -> bytes:
-    chunk = sock.recv(65536)
-    if not chunk:
-        raise ConnectionError("the server closed a connection mid-response")
-    return chunk
-
-
-def drive(port: int, path: str, n: int) -> None:
-    """Exactly ``n`` requests over CONNECTIONS keep-alive connections, CONNECTIONS in flight at a time."""
-    socks = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in range(CONNECTIONS)]
-    try:
-        for sock in socks:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
-        bufs = [b""] * CONNECTIONS
-        done = 0
-        while done < n:
-            turn = min(CONNECTIONS, n - done)
-            for sock in socks[:turn]:
-                sock.sendall(request)
-            for i in range(turn):
-                bufs[i] = _read_response(socks[i], bufs[i])
-            done += turn
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 def _drive_pinned(port: int, path: str, n: int, cpu: int) -> None:
     """``drive`` in a process of its own on ``cpu``, off the server's CPU."""
     command = [sys.executable, "-m", "benchmarks.e2e_profile", "--client", str(port), path, str(n)]
-    subprocess.run(command, cwd=_root(), check=True, timeout=CLIENT_LIMIT, preexec_fn=_pin(cpu))
+    subprocess.run(command, cwd=root(), check=True, timeout=CLIENT_LIMIT, preexec_fn=pin(cpu))
 
 
 # -- the server --------------------------------------------------------------------------------
 
 
 def server(target: str, mode: str, out: str, cpu: int, prefix: tuple[str, ...] = ()) -> ContextManager[Server]:
-    python = os.path.realpath(sys.executable) if prefix else sys.executable
     return launched(
-        lambda fd: [*prefix, python, "-c", _CHILD, target, str(fd), out, mode],
+        lambda fd: [*prefix, sys.executable, "-c", _CHILD, target, str(fd), out, mode],
         target,
         cpu,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
+        env=_callgrind.env(),
         start_limit=300,  # valgrind starts an interpreter in seconds, not milliseconds
         stop_limit=60,
     )
@@ -233,52 +136,7 @@ def _signal_and_wait(pid: int, signum: int, path: str) -> None:
 
 # -- callgrind ---------------------------------------------------------------------------------
 
-_CALLGRIND = ("valgrind", "--tool=callgrind", "--cache-sim=yes", "--branch-sim=yes")
-
-
-def _summary(dump: str) -> dict[str, int]:
-    events: list[str] = []
-    with open(dump) as f:
-        for line in f:
-            if line.startswith("events:"):
-                events = line.split()[1:]
-            elif line.startswith("summary:"):
-                return dict(zip(events, map(int, line.split()[1:])))
-    raise RuntimeError(f"no summary in {dump}")
-
-
-def _annotate(dump: str, inclusive: bool) -> dict[str, int]:
-    """Instructions by C function (self, or inclusive), summed over the files a function's code comes from."""
-    out = subprocess.run(
-        [
-            "callgrind_annotate",
-            "--show=Ir",
-            "--threshold=100",
-            "--auto=no",
-            f"--inclusive={'yes' if inclusive else 'no'}",
-        ]
-        + [dump],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=TOOL_LIMIT,
-    ).stdout
-    costs: dict[str, int] = {}
-    total = 0
-    for line in out.splitlines():
-        found = re.match(r"\s*([\d,]+) (?:\([^)]*\))?\s+(.*?)(?: \[.*\])?$", line)
-        if found is None:
-            continue
-        value = int(found.group(1).replace(",", ""))
-        if "PROGRAM TOTALS" in line:
-            total = value
-            continue
-        # Start-up frames (main, Py_RunMain, ...) show the whole dump as their own: left out.
-        if not inclusive and total and value >= 0.99 * total:
-            continue
-        name = found.group(2).rsplit(":", 1)[-1]
-        costs[name] = costs.get(name, 0) + value
-    return costs
+_CALLGRIND = (*_callgrind.CALLGRIND, "--cache-sim=yes", "--branch-sim=yes")
 
 
 def _per_request(counts: dict[str, int], n: int) -> dict[str, float]:
@@ -296,8 +154,8 @@ def through_uvicorn(name: str, path: str, n: int, cpus_: tuple[int, int], tmp: s
             ["callgrind_control", "-d", "measured", str(s.pid)], check=True, capture_output=True, timeout=TOOL_LIMIT
         )
     dump = out + ".1"  # the first dump; the one at exit is ``out``
-    got = _per_request(_summary(dump), n)
-    got["in the garbage collector"] = _annotate(dump, inclusive=True).get("gc_collect_main", 0) / n
+    got = _per_request(_callgrind.summary(dump), n)
+    got["in the garbage collector"] = _callgrind.annotate(dump, inclusive=True).get("gc_collect_main", 0) / n
     return got, dump
 
 
@@ -307,18 +165,18 @@ def in_process(name: str, frames: int, n: int, tmp: str) -> dict[str, float]:
         # With no requests the stream's frames do not matter: one run serves both paths.
         out = os.path.join(tmp, f"inprocess-{name}-{frames if requests else 0}-{requests}")
         if os.path.exists(out):
-            counts.append(_summary(out))
+            counts.append(_callgrind.summary(out))
             continue
         subprocess.run(
-            [*_CALLGRIND, f"--callgrind-out-file={out}", os.path.realpath(sys.executable), "-m"]
+            [*_CALLGRIND, f"--callgrind-out-file={out}", sys.executable, "-m"]
             + ["benchmarks.instructions", "--child", IN_PROCESS[name], str(frames), str(requests)],
-            cwd=_root(),
+            cwd=root(),
             capture_output=True,
             check=True,
             timeout=CLIENT_LIMIT,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
+            env=_callgrind.env(),
         )
-        counts.append(_summary(out))
+        counts.append(_callgrind.summary(out))
     return _per_request({e: counts[1][e] - counts[0][e] for e in counts[0]}, n)
 
 
@@ -336,7 +194,7 @@ def profiled(name: str, path: str, n: int, cpus_: tuple[int, int], tmp: str) -> 
     calls: dict[str, float] = {}
     raw: dict[tuple[str, int, str], tuple[Any, ...]] = pstats.Stats(out + ".pstats").stats  # type: ignore[attr-defined]
     for (filename, line, function), (_, ncalls, *_rest) in raw.items():
-        where = filename.split("site-packages/")[-1].replace(_root() + os.sep, "")
+        where = filename.split("site-packages/")[-1].replace(root() + os.sep, "")
         # A built-in's name carries its type's address, which differs from process to process.
         key = f"{function} ({where}:{line})" if line else re.sub(r" at 0x[0-9a-f]+", "", function)
         calls[key] = calls.get(key, 0) + ncalls / n
@@ -382,11 +240,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.client:
         port, path, n = args.client
-        drive(int(port), path, int(n))
+        drive(int(port), path, int(n), CONNECTIONS)
         return
-    if not args.no_callgrind and (shutil.which("valgrind") is None or shutil.which("callgrind_control") is None):
-        sys.exit("benchmarks.e2e_profile needs valgrind (apt-get install valgrind), or --no-callgrind")
-    pinned = cpus()
+    if not args.no_callgrind:
+        _callgrind.require("benchmarks.e2e_profile", ", or --no-callgrind")
+    pinned = cpus("benchmarks.e2e_profile")
     names = [v for v in args.variants.split(",") if v]
     if names[0] != "bare":
         sys.exit("--variants must start with bare: every figure is set against it")
@@ -437,7 +295,7 @@ def _counts_table(names: list[str], ip: dict[str, dict[str, float]], uv: dict[st
 
 
 def _functions_table(bare_dump: str, other_dump: str, n: int, other: str) -> str:
-    bare, wrapped = _annotate(bare_dump, inclusive=False), _annotate(other_dump, inclusive=False)
+    bare, wrapped = _callgrind.annotate(bare_dump, inclusive=False), _callgrind.annotate(other_dump, inclusive=False)
     moved = sorted(set(bare) | set(wrapped), key=lambda k: -abs(wrapped.get(k, 0) - bare.get(k, 0)))[:12]
     rows = [
         [

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +27,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._common import machine, median, table, verdict
+from benchmarks._uvicorn import uvicorn_server
 from graceful._engine._page import read_metrics
 from graceful._engine._presets import PRESETS
 
@@ -140,34 +138,14 @@ def plain_parse(page: str, names: tuple[str, ...]) -> dict[str, float | None]:
 
 @contextmanager
 def page_server(page: str) -> Iterator[str]:
+    """uvicorn serving ``page`` (``benchmarks.apps:metrics_page``); yields its URL."""
     with tempfile.TemporaryDirectory(prefix="gb-") as directory:
-        with open(os.path.join(directory, "metrics"), "w") as f:
+        path = os.path.join(directory, "metrics")
+        with open(path, "w") as f:
             f.write(page)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        command = [sys.executable, "-m", "uvicorn", "benchmarks.apps:metrics_page", "--port", str(port)]
-        proc = subprocess.Popen(
-            [*command, "--log-level", "warning", "--no-access-log", "--lifespan", "off"],
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-            env={**os.environ, "GRACEFUL_BENCH_PAGE": os.path.join(directory, "metrics")},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("the page server did not start") from None
-                    time.sleep(0.02)
-            yield f"http://127.0.0.1:{port}/metrics"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        env = {**os.environ, "GRACEFUL_BENCH_PAGE": path}
+        with uvicorn_server("benchmarks.apps:metrics_page", env=env) as server:
+            yield f"http://127.0.0.1:{server.port}/metrics"
 
 
 async def measure(page: str, rounds: int) -> dict[str, list[float]]:

@@ -24,8 +24,8 @@ import anyio
 from prometheus_client import CollectorRegistry
 
 from benchmarks._common import machine, median, percentile, table, verdict
+from benchmarks._drive import SCOPE, receive, sink
 from benchmarks._live import HeldStream, Server, get, graceful_run, wait_for
-from benchmarks.inprocess import SCOPE, receive, sink
 from graceful import GracefulMiddleware
 from graceful._asgi._types import Receive, Scope, Send
 

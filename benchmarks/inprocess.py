@@ -1,15 +1,13 @@
 """Benchmark 1: in-process cost per request and per streamed frame, four variants side by side.
 
-The ASGI callables are driven directly (no network, no server): a minimal scope, a
-receive that hands over an empty body and a send that drops the message. Nothing in
-the drive suspends, so one task runs many requests back to back and the event loop
-adds nothing per request. Variants are interleaved in rounds and each figure is the
-median over rounds, which keeps a noisy neighbour from favouring one variant.
+The ASGI callables are driven directly, with no network and no server (``benchmarks/_drive.py``).
+Variants are interleaved in rounds and each figure is the median over rounds, which keeps a
+noisy neighbour from favouring one variant.
 
 Back to back, every variant runs with its code and data in the CPU's caches: the figures are
 warm-cache figures. With ``--evict KIB``, each request is timed alone, after a copy of a buffer
 of that size has evicted them, as a server's own work between two requests does (uvicorn runs
-about 230,000 instructions per short request; see RESULTS.md #2). The copy is not timed.
+about 230,000 instructions per short request: ``benchmarks.e2e_profile``). The copy is not timed.
 
     python -m benchmarks.inprocess [--rounds 15] [--requests 4000] [--streams 300] [--frames 100]
                                    [--evict KIB]
@@ -20,157 +18,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import time
-from collections.abc import Callable
-from typing import Any
-
-from prometheus_client import CollectorRegistry
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
-from starlette.requests import Request
-from starlette.responses import Response
 
 from benchmarks._common import machine, median, table, verdict
-from graceful import GracefulMiddleware
-from graceful._asgi._types import ASGIApp, Message, Receive, Scope, Send
-
-# The headers a uvicorn scope typically carries for an OpenAI-style POST.
-SCOPE: dict[str, Any] = {
-    "type": "http",
-    "asgi": {"version": "3.0", "spec_version": "2.4"},
-    "http_version": "1.1",
-    "server": ("127.0.0.1", 8000),
-    "client": ("127.0.0.1", 50000),
-    "scheme": "http",
-    "method": "POST",
-    "root_path": "",
-    "path": "/v1/chat/completions",
-    "raw_path": b"/v1/chat/completions",
-    "query_string": b"",
-    "headers": [
-        (b"host", b"127.0.0.1:8000"),
-        (b"user-agent", b"bench/1.0"),
-        (b"accept", b"*/*"),
-        (b"content-type", b"application/json"),
-        (b"content-length", b"0"),
-    ],
-    "state": {},
-}
-BODY = b'{"id":"x","object":"chat.completion"}'
-FRAME = b'data: {"choices":[{"delta":{"content":"tok"}}]}\n\n'
+from benchmarks._drive import BARE, BASEHTTP, FLOOR, GRACEFUL, VARIANTS, make_app, timed
 
 
-async def receive() -> Message:
-    return {"type": "http.request", "body": b"", "more_body": False}
-
-
-async def sink(message: Message) -> None:
-    pass
-
-
-def make_app(frames: int) -> ASGIApp:
-    """A short JSON response (frames=0) or an SSE stream of ``frames`` frames plus the closing empty body."""
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream" if frames else b"application/json")],
-            }
-        )
-        for _ in range(frames):
-            await send({"type": "http.response.body", "body": FRAME, "more_body": True})
-        await send({"type": "http.response.body", "body": b"" if frames else BODY, "more_body": False})
-
-    return app
-
-
-class PassThrough:
-    """The floor: the least a middleware that sees every frame must do (wrap send, forward)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def wrapped_send(message: Message) -> None:
-            await send(message)
-
-        await self.app(scope, receive, wrapped_send)
-
-
-class InFlightCounter(BaseHTTPMiddleware):
-    """The FastAPI ``@app.middleware("http")`` idiom; it stops counting when headers go out, not at the end."""
-
-    in_flight = 0
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        InFlightCounter.in_flight += 1
-        try:
-            return await call_next(request)
-        finally:
-            InFlightCounter.in_flight -= 1
-
-
-def graceful(app: ASGIApp) -> ASGIApp:
-    mw = GracefulMiddleware(app, registry=CollectorRegistry(), admin=False)
-    mw.drain.mark_serving()
-    return mw
-
-
-VARIANTS: dict[str, Callable[[ASGIApp], ASGIApp]] = {
-    "bare app": lambda app: app,
-    "pass-through wrapper (floor)": PassThrough,
-    "GracefulMiddleware (metrics on)": graceful,
-    "BaseHTTPMiddleware counter": InFlightCounter,
-}
-BARE, FLOOR, GRACEFUL, BASEHTTP = VARIANTS
-
-
-async def timed(app: ASGIApp, n: int) -> float:
-    """Seconds per request over ``n`` back-to-back requests."""
-    scope = SCOPE
-    if EVICT:
-        return await timed_cold(app, n, EVICT)
-    start = time.perf_counter()
-    for _ in range(n):
-        await app(scope, receive, sink)
-    return (time.perf_counter() - start) / n
-
-
-EVICT = bytearray()  # set by --evict
-
-
-async def timed_cold(app: ASGIApp, n: int, evict: bytearray) -> float:
-    """Seconds per request, each request timed alone after ``evict`` has been copied (not timed)."""
-    scope = SCOPE
-    clock = time.perf_counter
-    total = 0.0
-    for _ in range(n):
-        bytes(evict)
-        start = clock()
-        await app(scope, receive, sink)
-        total += clock() - start
-    return total / n
-
-
-async def measure(rounds: int, requests: int, streams: int, frames: int) -> dict[str, dict[str, float]]:
+async def measure(rounds: int, requests: int, streams: int, frames: int, evict: bytes) -> dict[str, dict[str, float]]:
     short = {name: wrap(make_app(0)) for name, wrap in VARIANTS.items()}
     stream = {name: wrap(make_app(frames)) for name, wrap in VARIANTS.items()}
     # BaseHTTPMiddleware is ~100x slower: fewer iterations keep a round short, the median is unaffected.
     scale = {name: 20 if name == BASEHTTP else 1 for name in VARIANTS}
     for name in VARIANTS:  # warm up caches, the request-id counter, the specialising interpreter
-        await timed(short[name], max(1, requests // (10 * scale[name])))
-        await timed(stream[name], max(1, streams // (10 * scale[name])))
+        await timed(short[name], max(1, requests // (10 * scale[name])), evict=evict)
+        await timed(stream[name], max(1, streams // (10 * scale[name])), evict=evict)
     samples: dict[str, dict[str, list[float]]] = {name: {"short": [], "stream": []} for name in VARIANTS}
     order = list(VARIANTS)
     for _ in range(rounds):
         random.shuffle(order)
         for name in order:
-            samples[name]["short"].append(await timed(short[name], max(1, requests // scale[name])))
-            samples[name]["stream"].append(await timed(stream[name], max(1, streams // scale[name])))
+            samples[name]["short"].append(await timed(short[name], max(1, requests // scale[name]), evict=evict))
+            samples[name]["stream"].append(await timed(stream[name], max(1, streams // scale[name]), evict=evict))
     result: dict[str, dict[str, float]] = {}
     for name in VARIANTS:
         per_request = median(samples[name]["short"])
@@ -182,7 +49,7 @@ async def measure(rounds: int, requests: int, streams: int, frames: int) -> dict
     return result
 
 
-def report(result: dict[str, dict[str, float]], frames: int) -> str:
+def report(result: dict[str, dict[str, float]], frames: int, evict_kib: int) -> str:
     us = 1e6
     bare, floor = result[BARE], result[FLOOR]
     floor_req = floor["request"] - bare["request"]
@@ -226,7 +93,7 @@ def report(result: dict[str, dict[str, float]], frames: int) -> str:
     return "\n\n".join(
         [
             f"Machine: {machine()}"
-            + (f"; every request timed alone after a {len(EVICT) >> 10} KiB copy (--evict)" if EVICT else ""),
+            + (f"; every request timed alone after a {evict_kib} KiB copy (--evict)" if evict_kib else ""),
             table(
                 [
                     "variant",
@@ -255,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.evict < 0:
         parser.error(f"--evict {args.evict}: give a size in KiB, 0 or more (4096 empties this machine's L2)")
-    EVICT[:] = bytes(args.evict << 10)
-    result = asyncio.run(measure(args.rounds, args.requests, args.streams, args.frames))
-    print(report(result, args.frames))
+    evict = bytes(args.evict << 10)
+    result = asyncio.run(measure(args.rounds, args.requests, args.streams, args.frames, evict))
+    print(report(result, args.frames, args.evict))
 
 
 if __name__ == "__main__":

@@ -16,17 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
 
 from graceful._asgi._types import ASGIApp
 
-from ._common import machine, table
-from .inprocess import SCOPE, VARIANTS, make_app, receive, sink
+from ._callgrind import per_request_and_frame, require
+from ._common import machine
+from ._drive import SCOPE, VARIANTS, make_app, receive, side_by_side, sink
 
 NO_REQUEST_ID = "GracefulMiddleware, request-id echo off"
 
@@ -51,38 +46,6 @@ def child(variant: str, frames: int, n: int) -> None:
     asyncio.run(run())
 
 
-def count(variant: str, frames: int, n: int) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                f"--callgrind-out-file={os.path.join(tmp, 'out')}",
-                os.path.realpath(sys.executable),
-                "-m",
-                "benchmarks.instructions",
-                "--child",
-                variant,
-                str(frames),
-                str(n),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            # A fixed hash seed makes the counts repeat to within about 0.3% from run to run (with a
-            # random one they move by about 2%: the layout of the dicts built at start-up changes).
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:  # pragma: no cover - valgrind's output format
-        raise RuntimeError(done.stderr[-2000:])
-    return int(found.group(1))
-
-
-def per_request(variant: str, frames: int, n: int) -> float:
-    return (count(variant, frames, n) - count(variant, frames, 0)) / n
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000)
@@ -93,45 +56,12 @@ def main() -> None:
         variant, frames, n = args.child
         child(variant, int(frames), int(n))
         return
-    if shutil.which("valgrind") is None:
-        sys.exit("benchmarks.instructions needs valgrind: apt-get install valgrind")
+    require("benchmarks.instructions")
     names = [*VARIANTS][:3] + [NO_REQUEST_ID]
-    short = {name: per_request(name, 0, args.requests) for name in names}
-    stream = {name: per_request(name, args.frames, args.requests // 10) for name in names}
-    frame = {name: (stream[name] - short[name]) / args.frames for name in names}
-    bare, floor = names[0], names[1]
-    rows = []
-    for name in names:
-        added_req = short[name] - short[bare]
-        added_frame = frame[name] - frame[bare]
-        floor_req = short[floor] - short[bare]
-        floor_frame = frame[floor] - frame[bare]
-        rows.append(
-            [
-                name,
-                f"{short[name]:,.0f}",
-                "-" if name == bare else f"+{added_req:,.0f}",
-                "-" if name in (bare, floor) else f"{added_req / floor_req:.2f}x",
-                f"{frame[name]:,.0f}",
-                "-" if name == bare else f"+{added_frame:,.0f}",
-                "-" if name in (bare, floor) else f"{added_frame / floor_frame:.2f}x",
-            ]
-        )
+    counts = per_request_and_frame("benchmarks.instructions", names, args.requests, args.frames)
+    count = "{:,.0f}".format
     print(f"machine: {machine()}\n")
-    print(
-        table(
-            [
-                "variant",
-                "instructions / request",
-                "added",
-                "added / floor's",
-                "instructions / frame",
-                "added",
-                "added / floor's",
-            ],
-            rows,
-        )
-    )
+    print(side_by_side(counts, ("instructions / request", "instructions / frame"), count, count))
 
 
 if __name__ == "__main__":

@@ -31,22 +31,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
 import random
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry
 
-from benchmarks._common import machine, median, table
-from benchmarks.inprocess import BARE, BASEHTTP, FLOOR, GRACEFUL, SCOPE, make_app, receive, sink
-from benchmarks.inprocess import VARIANTS as OURS
+from benchmarks._callgrind import per_request_and_frame, require
+from benchmarks._common import machine, median
+from benchmarks._drive import BARE, BASEHTTP, FLOOR, GRACEFUL, make_app, side_by_side, timed
+from benchmarks._drive import VARIANTS as OURS
 from graceful._asgi._types import ASGIApp
 
 PEER_PACKAGES = {
@@ -107,10 +101,7 @@ def missing_peers() -> list[str]:
 
 async def drive(app: ASGIApp, n: int) -> float:
     """Seconds per request over ``n`` back-to-back requests, each with a fresh scope."""
-    start = time.perf_counter()
-    for _ in range(n):
-        await app(dict(SCOPE), receive, sink)
-    return (time.perf_counter() - start) / n
+    return await timed(app, n, fresh_scope=True)
 
 
 async def timings(rounds: int, round_s: float, frames: int) -> dict[str, dict[str, float]]:
@@ -148,67 +139,6 @@ def child(variant: str, frames: int, n: int) -> None:
     asyncio.run(run())
 
 
-def count(variant: str, frames: int, n: int) -> int:
-    """Instructions of one child process: WARMUP + n requests of ``variant``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={os.path.join(tmp, 'out')}",
-            os.path.realpath(sys.executable),
-            "-m",
-            "benchmarks.peers",
-            "--child",
-            variant,
-            str(frames),
-            str(n),
-        ]
-        # A fixed hash seed: set and dict layouts, and so the counts, repeat from run to run.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:  # pragma: no cover - valgrind's output format
-        raise RuntimeError(done.stderr[-2000:])
-    return int(found.group(1))
-
-
-def instructions(requests: int, frames: int, jobs: int) -> dict[str, dict[str, float]]:
-    """Instructions per request (short) and per frame for every variant, 0-vs-N differences."""
-    streams = max(1, requests // 10)
-    runs = [(name, f, n) for name in VARIANTS for f, n in ((0, 0), (0, requests), (frames, 0), (frames, streams))]
-    with ThreadPoolExecutor(jobs) as pool:
-        got = dict(zip(runs, pool.map(lambda run: count(*run), runs), strict=True))
-    result = {}
-    for name in VARIANTS:
-        short = (got[name, 0, requests] - got[name, 0, 0]) / requests
-        stream = (got[name, frames, streams] - got[name, frames, 0]) / streams
-        result[name] = {"request": short, "frame": (stream - short) / frames}
-    return result
-
-
-def side_by_side(
-    result: dict[str, dict[str, float]],
-    request: str,
-    frame: str,
-    fmt: Callable[[float], str],
-    fmt_frame: Callable[[float], str],
-) -> str:
-    """One row a variant: per request and per frame, each absolute, added over the bare app, and / the floor's added."""
-    bare, floor = result[BARE], result[FLOOR]
-    rows = []
-    for name, r in result.items():
-        row = [name]
-        for key, show in (("request", fmt), ("frame", fmt_frame)):
-            added = r[key] - bare[key]
-            floor_added = floor[key] - bare[key]
-            row.append(show(r[key]))
-            row.append("-" if name == BARE else ("+" if added >= 0 else "") + show(added))
-            shown = name not in (BARE, FLOOR) and floor_added > 0
-            row.append(f"{added / floor_added:.2f}x" if shown else "-")
-        rows.append(row)
-    return table(["variant", request, "added", "added / floor's", frame, "added", "added / floor's"], rows)
-
-
 def report(
     times: dict[str, dict[str, float]] | None, counts: dict[str, dict[str, float]] | None, args: argparse.Namespace
 ) -> str:
@@ -219,14 +149,14 @@ def report(
             f"{max(1, args.requests // 10)} {args.frames}-frame streams after {WARMUP} warm-up ones, PYTHONHASHSEED=0):"
         )
         count = "{:,.0f}".format
-        parts.append(side_by_side(counts, "instructions / request", "instructions / frame", count, count))
+        parts.append(side_by_side(counts, ("instructions / request", "instructions / frame"), count, count))
     if times is not None:
         parts.append(
             f"Time (one process, {args.rounds} rounds of shuffled variants, ~{args.round_ms:g} ms per variant "
             f"and kind a round, medians; per frame from {args.frames}-frame streams):"
         )
         parts.append(
-            side_by_side(times, "us / request", "us / frame", lambda v: f"{v * 1e6:.2f}", lambda v: f"{v * 1e6:.3f}")
+            side_by_side(times, ("us / request", "us / frame"), lambda v: f"{v * 1e6:.2f}", lambda v: f"{v * 1e6:.3f}")
         )
     return "\n\n".join(parts)
 
@@ -249,12 +179,12 @@ def main(argv: list[str] | None = None) -> None:
         variant, frames, n = args.child
         child(variant, int(frames), int(n))
         return
-    if not args.no_instructions and shutil.which("valgrind") is None:
-        sys.exit(
-            "benchmarks.peers needs valgrind for the instruction counts: apt-get install valgrind, or --no-instructions"
-        )
+    if not args.no_instructions:
+        require("benchmarks.peers", ", or --no-instructions")
     times = None if args.no_time else asyncio.run(timings(args.rounds, args.round_ms / 1000, args.frames))
-    counts = None if args.no_instructions else instructions(args.requests, args.frames, args.jobs)
+    counts = None
+    if not args.no_instructions:
+        counts = per_request_and_frame("benchmarks.peers", list(VARIANTS), args.requests, args.frames, jobs=args.jobs)
     print(report(times, counts, args))
 
 

@@ -24,7 +24,7 @@ import anyio
 from prometheus_client import CollectorRegistry
 
 from benchmarks._common import machine, median, table, verdict
-from benchmarks.inprocess import SCOPE, PassThrough, receive, sink
+from benchmarks._drive import SCOPE, PassThrough, receive, sink
 from graceful import GracefulMiddleware
 from graceful._admin._paths import socket_path
 from graceful._admin._server import AdminServer
