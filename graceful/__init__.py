@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
     from ._asgi._frames import default_final_frame
     from ._asgi._middleware import GracefulMiddleware
-    from ._drain._budget import Budget, ConfigError, parse_duration
+    from ._drain._budget import Budget, parse_duration
+    from ._drain._errors import ConfigError
     from ._drain._ledger import NotAccepting
     from ._drain._state import Drain
     from ._drain._status import DrainResult, DrainStatus, State
@@ -40,7 +41,7 @@ __all__ = [
 
 _HOMES = {
     "Budget": "._drain._budget",
-    "ConfigError": "._drain._budget",
+    "ConfigError": "._drain._errors",
     "parse_duration": "._drain._budget",
     "default_final_frame": "._asgi._frames",
     "GracefulMiddleware": "._asgi._middleware",

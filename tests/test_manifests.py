@@ -15,7 +15,7 @@ import yaml  # type: ignore[import-untyped]
 
 from examples.server import Config, create_app
 from graceful import Budget, parse_duration
-from graceful._asgi._middleware import DEFAULTS
+from graceful._asgi._options import DEFAULTS, ENVIRON
 from graceful._drain._environ import from_environ
 
 pytestmark = pytest.mark.anyio
@@ -214,7 +214,7 @@ def test_vllm_with_the_middleware_probes_it_and_keeps_its_own_pages() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == DEFAULTS["ready_path"]
     assert container["startupProbe"]["httpGet"]["path"] == DEFAULTS["startup_path"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    exempt = from_environ(["exempt_paths"], env(container))["exempt_paths"]
+    exempt = from_environ(ENVIRON, ["exempt_paths"], env(container))["exempt_paths"]
     assert set(exempt) >= {"/health", "/metrics"}
     (mount,) = container["volumeMounts"]
     assert env(container)["VLLM_LOGGING_CONFIG_PATH"].startswith(mount["mountPath"] + "/")

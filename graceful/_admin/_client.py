@@ -1,6 +1,6 @@
 """The admin client: finds every worker's socket and talks to all of them at once.
 
-It speaks the little HTTP/1.1 the admin server answers (``_admin_server``) over the
+It speaks the little HTTP/1.1 the admin server answers (``_server``) over the
 Unix socket itself, with blocking sockets and one thread per worker: the preStop hook's
 start-up counts against the grace period, and this keeps it free of asyncio and any
 HTTP library.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from .._drain._durations import ConfigError
+from .._drain._errors import ConfigError
 
 __all__ = ["MAX_PATH", "default_socket_dir", "socket_path"]
 

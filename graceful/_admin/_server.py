@@ -1,4 +1,4 @@
-"""The server end of the admin protocol; ``_admin_client`` is its client end.
+"""The server end of the admin protocol; ``_client`` is its client end.
 
 HTTP/1.1 over a private Unix socket, one per worker process.
 
@@ -23,7 +23,8 @@ import anyio
 import anyio.abc
 import h11
 
-from .._drain._durations import ConfigError, parse_duration
+from .._drain._durations import parse_duration
+from .._drain._errors import ConfigError
 from .._drain._state import Drain
 from ._paths import default_socket_dir, socket_path
 
@@ -233,7 +234,7 @@ class _Exchange:
             options = _drain_options(target.query)
             # Values the parser cannot judge alone (propagation_quiet against the wait)
             # get their 400 here, before the stream begins.
-            self.drain.settings(
+            self.drain.check_overrides(
                 propagation_wait=options["propagation_wait"],
                 propagation_quiet=options["propagation_quiet"],
                 timeout=options["timeout"],

@@ -13,9 +13,9 @@ import anyio
 from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, Tracked
 from .._drain._state import Drain
 from .._drain._status import SERVING
-from ._config import Config
 from ._frames import FinalFrame, default_final_frame, resumable_final_frame, shutdown_error
 from ._refusal import HTTP1, json_response, request_id
+from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
 __all__ = ["RESUMABLE_HEADER", "Call", "resumable"]
@@ -48,7 +48,7 @@ class Call(Tracked):
     cancelled, exactly once whichever comes first.
 
     The middleware makes it with ``Call()`` and fills its fields at admission, in its own
-    frame: ``ledger`` (the drain), ``open``, ``config``, ``scope``, ``server_receive``,
+    frame: ``ledger`` (the drain), ``open``, ``shared``, ``scope``, ``server_receive``,
     ``server_send``, ``task`` (the asyncio task the deadline cancels, or None) and ``last``
     (None). The rest are set when they happen: ``start`` (the response start message, as
     sent: the deadline and an engine abort read its content type from it), ``before`` (the
@@ -57,9 +57,9 @@ class Call(Tracked):
     ledger keeps the time of admission.
     """
 
-    __slots__ = ("config", "scope", "server_receive", "server_send", "task", "last", "before", "start", "cancel_scope")
+    __slots__ = ("shared", "scope", "server_receive", "server_send", "task", "last", "before", "start", "cancel_scope")
     ledger: Drain
-    config: Config
+    shared: Shared
     scope: Scope
     server_receive: Receive
     server_send: Send
@@ -77,7 +77,7 @@ class Call(Tracked):
     async def run_scoped(self) -> None:
         """Run the app inside a cancel scope: the deadline's handle on loops other than asyncio."""
         with anyio.CancelScope() as self.cancel_scope:
-            await self.config.app(self.scope, self.receive, self.send)
+            await self.shared.app(self.scope, self.receive, self.send)
 
     def failed(self, exc: BaseException) -> bool:
         """Account for an app that raised; True when the error is ours to swallow."""
@@ -114,18 +114,18 @@ class Call(Tracked):
             self.last = body
             return self.server_send(message)
         kind = message["type"]
-        if kind == "http.response.body":
-            return self._send_last(message)
+        if kind == "http.response.body":  # the last body: the count ends once the server has it
+            return self.finish_after(self.server_send(message), COMPLETED)
         if kind == "http.response.start":
             self.start = message
-            config = self.config
-            if config.request_id_header is None and self.ledger.state is SERVING:
+            shared = self.shared
+            if shared.request_id_header is None and self.ledger.state is SERVING:
                 return self.server_send(message)  # nothing to add: the app's message goes through as it is
             # A copy of the app's list (it may reuse one list for every response), set into its
             # message in place, as starlette's MutableHeaders does.
             headers = list(message.get("headers", ()))
-            if config.request_id_header is not None:
-                headers.append((config.request_id_header, request_id(config, self.scope)))
+            if shared.request_id_header is not None:
+                headers.append((shared.request_id_header, request_id(shared, self.scope)))
             if self.ledger.state is not SERVING:
                 if self.scope.get("http_version", "1.1") in HTTP1:
                     # Keep-alive clients and balancers must stop reusing this connection.
@@ -135,7 +135,7 @@ class Call(Tracked):
                     return self._start_then_hand_off(message)
             message["headers"] = headers
         elif kind in _LAST_OF_EXTENSIONS:
-            return self._send_last(message)
+            return self.finish_after(self.server_send(message), COMPLETED)
         return self.server_send(message)
 
     async def _done(self, message: Message) -> None:
@@ -167,18 +167,6 @@ class Call(Tracked):
         await self.server_send(message)
         await self.hand_off()
 
-    async def _send_last(self, message: Message) -> None:
-        """The body message that ends the response: the count ends once the server has it."""
-        await self.server_send(message)
-        if self.open:  # Tracked.finish and Drain.release_item's steps, inlined: this runs once per request
-            self.open = False
-            ledger = self.ledger
-            work = ledger.admitted
-            del work[self]
-            ledger.outcomes[COMPLETED] += 1
-            if not work and ledger.drain_run is not None:
-                ledger.drain_run.wake()
-
     def started(self) -> bool:
         """Whether the response has started (its start message went to the server)."""
         return getattr(self, "start", None) is not None
@@ -201,7 +189,7 @@ class Call(Tracked):
         return resumable(self.scope)
 
     def _final_frame(self) -> FinalFrame:
-        frame = self.config.final_frame
+        frame = self.shared.final_frame
         if frame is default_final_frame and self.resumable():
             return resumable_final_frame
         return frame

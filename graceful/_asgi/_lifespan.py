@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
-from ._config import Config
+from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
@@ -36,11 +36,11 @@ _STOP_REASONS = {
 }
 
 
-async def lifespan(config: Config, scope: Scope, receive: Receive, send: Send) -> None:
+async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -> None:
     """Watch the app's lifespan, moving the machine; what the app sends, returns or raises reaches the server."""
-    drain = config.drain
-    lifecycle = config.lifecycle
-    services = _Services(config)
+    drain = shared.drain
+    lifecycle = shared.lifecycle
+    services = _Services(shared)
     stopped = False  # the app said its lifespan ended (shutdown complete, or a failure)
     error: Exception | None = None
     lifecycle.running += 1
@@ -70,7 +70,7 @@ async def lifespan(config: Config, scope: Scope, receive: Receive, send: Send) -
                             stopped = True
                             await send({"type": "lifespan.startup.failed", "message": f"graceful: {exc}"})
                             return
-                    if config.ready_on_startup:
+                    if shared.ready_on_startup:
                         drain.mark_serving()
                 elif kind in _STOP_REASONS:
                     stopped = True
@@ -82,7 +82,7 @@ async def lifespan(config: Config, scope: Scope, receive: Receive, send: Send) -
                 await send(message)
 
             try:
-                await config.app(scope, wrapped_receive, wrapped_send)
+                await shared.app(scope, wrapped_receive, wrapped_send)
                 if services.started and not stopped:
                     logger.warning(
                         "the app's lifespan returned before the server's shutdown: graceful's admin socket and "
@@ -106,26 +106,26 @@ async def lifespan(config: Config, scope: Scope, receive: Receive, send: Send) -
 class _Services:
     """What lives for the lifespan of the process: the admin listener and the metrics mirror."""
 
-    def __init__(self, config: Config) -> None:
-        self.config = config
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
         self.scope = anyio.CancelScope()
         self.stopped = anyio.Event()
         self.started = False
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        config = self.config
+        shared = self.shared
         self.started = True
         try:
             with self.scope:
                 async with anyio.create_task_group() as tg:
-                    if config.admin:
+                    if shared.admin:
                         from .._admin._server import AdminServer
 
-                        server = AdminServer(config.drain, socket_dir=config.socket_dir, socket_mode=config.socket_mode)
+                        server = AdminServer(shared.drain, socket_dir=shared.socket_dir, socket_mode=shared.socket_mode)
                         await tg.start(server.serve)
-                    if config.mirror is not None:
-                        tg.start_soon(_mirror_loop, config.mirror)
-                    drain = config.drain
+                    if shared.mirror is not None:
+                        tg.start_soon(_mirror_loop, shared.mirror)
+                    drain = shared.drain
                     if drain.config.drain_on_sigterm and drain.signals_owner is None:
                         from ._signals import SignalDrain
 

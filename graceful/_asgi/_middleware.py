@@ -13,44 +13,25 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from .._drain._environ import from_environ
+from .._drain._environ import UNSET
 from .._drain._ledger import ERROR
 from .._drain._options import DRAIN_OPTIONS
 from .._drain._state import Drain
 from .._drain._status import SERVING, State
-from ._config import Config
-from ._frames import FinalFrame, default_final_frame
+from ._frames import FinalFrame
 from ._http import Call, resumable
 from ._lifecycle import Lifecycle
+from ._options import MiddlewareConfig
 from ._refusal import REFUSAL, json_response, reject, reject_websocket
+from ._shared import Shared
 from ._types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["GracefulMiddleware"]
 
-logger = logging.getLogger("graceful")
-
-# Marks a middleware option the caller did not pass: it then comes from the environment, else DEFAULTS.
-UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<from the environment, else the default>"})()
-DEFAULTS: dict[str, Any] = {
-    "ready_path": "/ready",
-    "live_path": "/live",
-    "startup_path": "/startup",
-    "exempt_paths": (),
-    "metrics_path": None,
-    "retry_after": 1,
-    "max_in_flight": None,
-    "reject_over": None,
-    "live_check": None,
-    "ready_on_startup": True,
-    "request_id_header": None,
-    "admin": True,
-    "socket_dir": None,
-    "socket_mode": 0o600,
-    "final_frame": default_final_frame,
-}
-
 # Loaded as a module global: one lookup, no attribute access, per request.
 _monotonic = time.monotonic
+
+logger = logging.getLogger("graceful")
 
 
 class GracefulMiddleware:
@@ -95,29 +76,25 @@ class GracefulMiddleware:
                 f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; "
                 "see the option tables in docs/middleware.md"
             )
-        # An option not passed comes from its GRACEFUL_* variable, else its default (DEFAULTS), so a
-        # server that loads the middleware by name (vllm serve --middleware) is configured by its environment.
-        given = locals()
-        env = from_environ(name for name in DEFAULTS if given[name] is UNSET)
-
-        def option(name: str, value: Any) -> Any:
-            return value if value is not UNSET else env.get(name, DEFAULTS[name])
-
-        ready_path = option("ready_path", ready_path)
-        live_path = option("live_path", live_path)
-        startup_path = option("startup_path", startup_path)
-        exempt_paths = option("exempt_paths", exempt_paths)
-        metrics_path = option("metrics_path", metrics_path)
-        retry_after = option("retry_after", retry_after)
-        max_in_flight = option("max_in_flight", max_in_flight)
-        reject_over = option("reject_over", reject_over)
-        live_check = option("live_check", live_check)
-        ready_on_startup = option("ready_on_startup", ready_on_startup)
-        request_id_header = option("request_id_header", request_id_header)
-        admin = option("admin", admin)
-        socket_dir = option("socket_dir", socket_dir)
-        socket_mode = option("socket_mode", socket_mode)
-        final_frame = option("final_frame", final_frame)
+        # An option not passed comes from its GRACEFUL_* variable, else its default, so a server that
+        # loads the middleware by name (vllm serve --middleware) is configured by its environment.
+        options = MiddlewareConfig.resolve(
+            ready_path=ready_path,
+            live_path=live_path,
+            startup_path=startup_path,
+            exempt_paths=exempt_paths,
+            metrics_path=metrics_path,
+            retry_after=retry_after,
+            max_in_flight=max_in_flight,
+            reject_over=reject_over,
+            live_check=live_check,
+            ready_on_startup=ready_on_startup,
+            request_id_header=request_id_header,
+            admin=admin,
+            socket_dir=socket_dir,
+            socket_mode=socket_mode,
+            final_frame=final_frame,
+        )
         if drain is None:
             drain = Drain(**drain_options)
         elif drain_options:
@@ -125,18 +102,14 @@ class GracefulMiddleware:
                 f"pass {sorted(drain_options)} to Drain(...) or leave drain=None; "
                 "GracefulMiddleware cannot reconfigure an existing Drain"
             )
-        if retry_after < 0:
-            raise ValueError(f"retry_after={retry_after!r} must be 0 or more seconds")
-        for name, value in (("max_in_flight", max_in_flight), ("reject_over", reject_over)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name}={value!r} must be at least 1 (or None for no limit)")
         self.app = app
         self.drain = drain
-        self.live_check = live_check
-        self.max_in_flight = max_in_flight if max_in_flight is not None else 1 << 62
+        self.admissions = drain.admissions()  # the ledger's table, admitted into inline (see __call__)
+        self.live_check = options.live_check
+        self.max_in_flight = options.max_in_flight if options.max_in_flight is not None else 1 << 62
         # None for no limit: the admission check is then one identity test (a comparison with a
         # large "no limit" int is not one of the interpreter's fast paths).
-        self.reject_over = reject_over
+        self.reject_over = options.reject_over
         # How to find the task that runs a request, so the deadline can cancel it; chosen
         # on the first request, when we know which event loop runs us.
         self.current_task: Callable[[Any], asyncio.Task[Any] | None] = self._detect_loop
@@ -145,30 +118,30 @@ class GracefulMiddleware:
         from ._metrics import MultiprocessMirror, multiprocess_dir, register
 
         self.registry = register(drain, registry)
-        self.settings = Config(
+        self.shared = Shared(
             app=app,
             drain=drain,
-            retry_after=str(retry_after).encode(),
-            request_id_header=request_id_header.lower().encode() if request_id_header else None,
+            retry_after=str(options.retry_after).encode(),
+            request_id_header=options.request_id_header.lower().encode() if options.request_id_header else None,
             id_prefix=f"{os.getpid():x}-{os.urandom(3).hex()}-".encode(),
             ids=itertools.count(1),
-            final_frame=final_frame,
-            ready_on_startup=ready_on_startup,
-            admin=admin,
-            socket_dir=socket_dir,
-            socket_mode=socket_mode,
+            final_frame=options.final_frame,
+            ready_on_startup=options.ready_on_startup,
+            admin=options.admin,
+            socket_dir=options.socket_dir,
+            socket_mode=options.socket_mode,
             # prometheus-client's multi-process mode needs the counters copied to its files.
             mirror=MultiprocessMirror(drain) if multiprocess_dir() else None,
-            lifecycle=Lifecycle(drain, ready_on_startup=ready_on_startup, admin=admin),
+            lifecycle=Lifecycle(drain, ready_on_startup=options.ready_on_startup, admin=options.admin),
         )
-        self.lifecycle = self.settings.lifecycle
+        self.lifecycle = self.shared.lifecycle
         # One dict lookup per request decides whether a path is special; None means "pass to the app".
-        self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = {path: None for path in exempt_paths}
-        if metrics_path:
-            self._special[metrics_path] = self._metrics
-        self._special[ready_path] = self._ready
-        self._special[live_path] = self._liveness
-        self._special[startup_path] = self._startup
+        self._special: dict[str, Callable[[Scope, Receive, Send], Any] | None] = dict.fromkeys(options.exempt_paths)
+        if options.metrics_path:
+            self._special[options.metrics_path] = self._metrics
+        self._special[options.ready_path] = self._ready
+        self._special[options.live_path] = self._liveness
+        self._special[options.startup_path] = self._startup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -181,10 +154,10 @@ class GracefulMiddleware:
                 await handler(scope, receive, send)
                 return
             drain = self.drain
-            work = drain.admitted
+            admissions = self.admissions
             limit = self.reject_over
             # Admission's fast path: while SERVING under the reject_over limit there is nothing to decide.
-            if drain.state is not SERVING or (limit is not None and len(work) >= limit):
+            if drain.state is not SERVING or (limit is not None and len(admissions) >= limit):
                 reason = self._refusal(scope)
                 if reason is not None:
                     return await self._refuse(scope, receive, send, reason)
@@ -197,13 +170,12 @@ class GracefulMiddleware:
             call.task = task = current_task(self.loop)
             call.ledger = drain
             call.open = True
-            call.config = self.settings
+            call.shared = self.shared
             call.scope = scope
             call.server_receive = receive
             call.server_send = send
             call.last = None
-            # Drain.admit_item, inlined: this runs once per request.
-            work[call] = _monotonic()  # the ledger keeps each item's admission time
+            admissions[call] = _monotonic()  # Ledger.admit_item, inline: the time of admission
             try:
                 if task is not None:
                     app = self.app
@@ -223,11 +195,11 @@ class GracefulMiddleware:
                 return await self._refuse(scope, receive, send, reason)
             from ._websocket import websocket_call
 
-            return await websocket_call(self.settings, scope, receive, send)
+            return await websocket_call(self.shared, scope, receive, send)
         if kind == "lifespan":
             from ._lifespan import lifespan
 
-            return await lifespan(self.settings, scope, receive, send)
+            return await lifespan(self.shared, scope, receive, send)
         await self.app(scope, receive, send)
 
     def _detect_loop(self, loop: Any) -> asyncio.Task[Any] | None:
@@ -254,7 +226,7 @@ class GracefulMiddleware:
         if drain.state is not SERVING:
             self.lifecycle.arrived()  # with no lifespan running, this serves it, as the unwrapped app would
             if drain.state is not SERVING and (
-                not drain.admits(scope.get("client"))
+                not drain.admit_arrival(scope.get("client"))
                 # Once streams are handed off, a resumable one would be handed off as soon as it
                 # started (it comes on a kept-alive connection): its client goes elsewhere at once.
                 or (drain.handing_off and resumable(scope))
@@ -268,9 +240,9 @@ class GracefulMiddleware:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
         self.drain.count_rejected(reason)
         if scope["type"] == "websocket":
-            await reject_websocket(self.settings, scope, receive, send, reason)
+            await reject_websocket(self.shared, scope, receive, send, reason)
         else:
-            await reject(self.settings, scope, receive, send, reason)
+            await reject(self.shared, scope, receive, send, reason)
 
     # -- probes: answered here, never counted, never refused ----------------------------------
 
@@ -300,8 +272,8 @@ class GracefulMiddleware:
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         from ._metrics import render
 
-        if self.settings.mirror is not None:
-            self.settings.mirror.sync()
+        if self.shared.mirror is not None:
+            self.shared.mirror.sync()
         body, content_type = render(self.registry)
         await send(
             {

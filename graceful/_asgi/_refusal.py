@@ -14,7 +14,7 @@ import json
 import anyio
 
 from .._drain._status import State
-from ._config import Config
+from ._shared import Shared
 from ._types import Receive, Scope, Send
 
 __all__ = [
@@ -73,33 +73,33 @@ async def json_response(send: Send, status: int, body: bytes, headers: list[tupl
     await send({"type": "http.response.body", "body": body})
 
 
-def request_id(config: Config, scope: Scope) -> bytes:
-    wanted = config.request_id_header
+def request_id(shared: Shared, scope: Scope) -> bytes:
+    wanted = shared.request_id_header
     for name, value in scope["headers"]:
         if name == wanted:
             return bytes(value)
-    return b"%b%d" % (config.id_prefix, next(config.ids))
+    return b"%b%d" % (shared.id_prefix, next(shared.ids))
 
 
-def _refusal(config: Config, scope: Scope, reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+def _refusal(shared: Shared, scope: Scope, reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The body and headers of a refusal, for HTTP and the WebSocket denial alike."""
     body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
-    headers = [(b"retry-after", config.retry_after), (NOT_STARTED_HEADER, b"1")]
-    if config.request_id_header is not None:
-        headers.append((config.request_id_header, request_id(config, scope)))
+    headers = [(b"retry-after", shared.retry_after), (NOT_STARTED_HEADER, b"1")]
+    if shared.request_id_header is not None:
+        headers.append((shared.request_id_header, request_id(shared, scope)))
     return body, headers
 
 
-async def reject(config: Config, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+async def reject(shared: Shared, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
     """A retryable 503 for a request the app never saw."""
     body_read = await _drop_body(scope, receive)
-    body, headers = _refusal(config, scope, reason)
+    body, headers = _refusal(shared, scope, reason)
     if body_read and scope.get("http_version", "1.1") in HTTP1:
         headers.append((b"connection", b"close"))
     await json_response(send, 503, body, headers)
 
 
-async def reject_websocket(config: Config, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+async def reject_websocket(shared: Shared, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
     """The same refusal for a WebSocket handshake the app never saw."""
     message = await receive()
     if message["type"] != "websocket.connect":
@@ -107,7 +107,7 @@ async def reject_websocket(config: Config, scope: Scope, receive: Receive, send:
     if "websocket.http.response" not in (scope.get("extensions") or {}):
         await send({"type": "websocket.close", "code": TRY_AGAIN_LATER})  # most servers answer 403
         return
-    body, headers = _refusal(config, scope, reason)
+    body, headers = _refusal(shared, scope, reason)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *headers]
     await send({"type": "websocket.http.response.start", "status": 503, "headers": headers})
     await send({"type": "websocket.http.response.body", "body": body})

@@ -1,4 +1,9 @@
-"""What the middleware's helpers read: a small frozen config instead of the middleware itself."""
+"""What one middleware shares with the requests, sockets and lifespans it runs.
+
+Its options as the helpers read them, and the live objects behind them: the app, the
+process's ``Drain``, the request-id counter, the lifecycle and the metrics mirror. The
+record itself never changes after the middleware is built; the objects it holds do.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +19,12 @@ from ._types import ASGIApp
 if TYPE_CHECKING:
     from ._metrics import MultiprocessMirror
 
-__all__ = ["Config"]
+__all__ = ["Shared"]
 
 
 @dataclass(frozen=True, slots=True)
-class Config:
-    """The settings of one ``GracefulMiddleware``, for ``_http``, ``_websocket`` and ``_lifespan``."""
+class Shared:
+    """What one ``GracefulMiddleware`` shares with ``_http``, ``_refusal``, ``_websocket`` and ``_lifespan``."""
 
     app: ASGIApp
     drain: Drain

@@ -5,16 +5,16 @@ from __future__ import annotations
 import anyio
 
 from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, Tracked
-from ._config import Config
 from ._refusal import TRY_AGAIN_LATER
+from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
 SERVICE_RESTART = 1012  # RFC 6455 registry: "Service Restart"
 
 
-async def websocket_call(config: Config, scope: Scope, receive: Receive, send: Send) -> None:
+async def websocket_call(shared: Shared, scope: Scope, receive: Receive, send: Send) -> None:
     """Run an admitted WebSocket session (the middleware's admission has let it in)."""
-    await _Socket(config, scope, receive, send).run()
+    await _Socket(shared, scope, receive, send).run()
 
 
 async def _drop(message: Message) -> None:
@@ -22,11 +22,11 @@ async def _drop(message: Message) -> None:
 
 
 class _Socket(Tracked):
-    __slots__ = ("config", "scope", "_receive", "_send", "cancel_scope", "accepted")
+    __slots__ = ("shared", "scope", "_receive", "_send", "cancel_scope", "accepted")
 
-    def __init__(self, config: Config, scope: Scope, receive: Receive, send: Send) -> None:
-        super().__init__(config.drain)
-        self.config = config
+    def __init__(self, shared: Shared, scope: Scope, receive: Receive, send: Send) -> None:
+        super().__init__(shared.drain)
+        self.shared = shared
         self.scope = scope
         self._receive = receive
         self._send = send
@@ -34,11 +34,11 @@ class _Socket(Tracked):
         self.accepted = False
 
     async def run(self) -> None:
-        self.config.drain.admit_item(self)
+        self.shared.drain.admit_item(self)
         outcome = ERROR
         try:
             with anyio.CancelScope() as self.cancel_scope:
-                await self.config.app(self.scope, self.receive, self.send)
+                await self.shared.app(self.scope, self.receive, self.send)
             outcome = CANCELLED if self.cancel_scope.cancelled_caught else COMPLETED
         except OSError:
             outcome = CLIENT_DISCONNECTED

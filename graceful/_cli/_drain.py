@@ -18,7 +18,8 @@ import time
 from collections.abc import Mapping
 
 from .._admin._client import NoServer, WorkerDrain, discover, drain_all
-from .._drain._durations import ConfigError, check_quiet, drain_limit, parse_duration, resolve_grace, resolve_reserve
+from .._drain._durations import check_quiet, drain_limit, parse_duration, resolve_grace, resolve_reserve
+from .._drain._errors import ConfigError
 
 # typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
 TYPE_CHECKING = False

@@ -10,11 +10,13 @@ import json
 import os
 from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
 import anyio
 import click
 
-from .._drain._durations import ConfigError, env_duration
+from .._drain._durations import env_duration
+from .._drain._errors import ConfigError
 from .._engine._config import GRACE_SHARE, EngineConfig, EngineDrainResult, EngineProgress
 from .._engine._wait import REFUSED_READS, poll
 
@@ -83,35 +85,15 @@ def _env_fallbacks(
     return timeout, grace_period, GRACE_SHARE if kthena else None
 
 
-def run_engine_drain(
-    *,
-    engine: str | None,
-    metrics_url: str | None,
-    metrics: tuple[str, ...],
-    interval: float,
-    idle_reads: int,
-    kv_buffer: float,
-    propagation_wait: float,
-    timeout: float | None,
-    grace_period: float | None,
-    quiet: bool,
-    json_output: bool,
-) -> int:
-    """Exit 0 when idle or gone, 1 when the budget ran out, 2 on bad usage."""
+def run_engine_drain(*, quiet: bool, json_output: bool, **settings: Any) -> int:
+    """Exit 0 when idle or gone, 1 when the budget ran out, 2 on bad usage.
+
+    ``settings`` are ``EngineConfig``'s, as the command line gives them: ``timeout`` and
+    ``grace_period`` fall back to the hook's environment (``_env_fallbacks``).
+    """
     try:
-        timeout, grace_period, grace_share = _env_fallbacks(timeout, grace_period)
-        config = EngineConfig(
-            engine=engine,
-            metrics_url=metrics_url,
-            metrics=metrics,
-            interval=interval,
-            idle_reads=idle_reads,
-            kv_buffer=kv_buffer,
-            propagation_wait=propagation_wait,
-            timeout=timeout,
-            grace_period=grace_period,
-            grace_share=grace_share,
-        )
+        timeout, grace_period, grace_share = _env_fallbacks(settings.pop("timeout"), settings.pop("grace_period"))
+        config = EngineConfig(**settings, timeout=timeout, grace_period=grace_period, grace_share=grace_share)
     except ConfigError as exc:
         _say(f"error: {exc}")
         return 2

@@ -14,7 +14,8 @@ import click
 from click.core import ParameterSource
 
 from .._admin._client import NoServer, discover, request_all
-from .._drain._durations import ConfigError, parse_duration
+from .._drain._durations import parse_duration
+from .._drain._errors import ConfigError
 from ._drain import BOTH_SOCKETS, EXIT_NO_SERVER, EXIT_USAGE, UsageProblem, run_drain
 
 __all__ = ["cli", "drain_command", "main"]
@@ -71,6 +72,10 @@ def cli() -> None:
     """Take an inference server out of service without losing a request."""
 
 
+# The drain command's options that only engine mode reads.
+ENGINE_ONLY = ("engine", "metrics_url", "metrics", "interval", "idle_reads", "kv_buffer")
+
+
 @cli.command("drain")
 @socket_dir_option
 @socket_option
@@ -92,58 +97,21 @@ def cli() -> None:
 @click.option("--idle-reads", type=click.IntRange(min=1), default=2, show_default=True, help="Zero reads in a row.")
 @click.option("--kv-buffer", type=DURATION, default="0", show_default=True, help="Extra wait after the engine idles.")
 @click.pass_context
-def drain_command(
-    ctx: click.Context,
-    socket_dir: str | None,
-    socket: str | None,
-    propagation_wait: float | None,
-    propagation_quiet: float | None,
-    timeout: float | None,
-    grace_period: float | None,
-    quiet: bool,
-    json_output: bool,
-    engine: str | None,
-    metrics_url: str | None,
-    metrics: tuple[str, ...],
-    interval: float,
-    idle_reads: int,
-    kv_buffer: float,
-) -> None:
+def drain_command(ctx: click.Context, /, **options: Any) -> None:
     """Drain every worker and wait until nothing is in flight (for a preStop hook)."""
-    if socket_dir and socket:
+    engine = {name: options.pop(name) for name in ENGINE_ONLY}
+    if options["socket_dir"] and options["socket"]:
         _fail(ctx, BOTH_SOCKETS)
-    if engine is not None or metrics_url is not None or metrics:
-        if propagation_quiet is not None:
+    if engine["engine"] is not None or engine["metrics_url"] is not None or engine["metrics"]:
+        if options["propagation_quiet"] is not None:
             _fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
         # Engine mode reads the hook's environment itself (kthena's names bring their 70% rule): raw options.
         from ._engine import run_engine_drain
 
-        ctx.exit(
-            run_engine_drain(
-                engine=engine,
-                metrics_url=metrics_url,
-                metrics=metrics,
-                interval=interval,
-                idle_reads=idle_reads,
-                kv_buffer=kv_buffer,
-                propagation_wait=propagation_wait or 0.0,
-                timeout=timeout,
-                grace_period=grace_period,
-                quiet=quiet,
-                json_output=json_output,
-            )
-        )
+        budget = {name: options[name] for name in ("timeout", "grace_period", "quiet", "json_output")}
+        ctx.exit(run_engine_drain(**engine, **budget, propagation_wait=options["propagation_wait"] or 0.0))
     try:
-        code = run_drain(
-            socket_dir=socket_dir,
-            socket=socket,
-            propagation_wait=propagation_wait,
-            propagation_quiet=propagation_quiet,
-            timeout=timeout,
-            grace_period=grace_period,
-            quiet=quiet,
-            json_output=json_output,
-        )
+        code = run_drain(**options)
     except UsageProblem as exc:
         _fail(ctx, str(exc))
     ctx.exit(code)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ._durations import (
     DEFAULT_GRACE_PERIOD,
-    ConfigError,
     check_quiet,
     drain_limit,
     env_duration,
@@ -22,7 +22,8 @@ from ._durations import (
     resolve_grace,
     resolve_reserve,
 )
-from ._environ import from_environ
+from ._environ import optional_duration, variable
+from ._errors import ConfigError
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "Budget", "ConfigError", "check_quiet", "env_duration", "parse_duration"]
 
@@ -50,6 +51,7 @@ class Budget:
         drain_timeout: float | str | None = None,
         propagation_wait: float | str = 0.0,
         propagation_quiet: float | str | None = None,
+        from_variables: Mapping[str, str] | None = None,
     ) -> Budget:
         """Build a budget from options, falling back to ``GRACEFUL_GRACE_PERIOD`` and
         ``GRACEFUL_PROPAGATION_QUIET``.
@@ -58,21 +60,27 @@ class Budget:
         larger than the grace period and for a ``propagation_quiet`` that is 0 or
         longer than a configured ``propagation_wait``. With no ``propagation_wait``
         here (0), the quiet rule waits for a drain request that brings one.
+        ``from_variables`` maps the options that a caller read from their variables
+        to the text they held, so that errors name the variable.
         """
+        sources = {} if from_variables is None else from_variables
         grace = resolve_grace(grace_period)
         res = resolve_reserve(grace, reserve)
         timeout = None if drain_timeout is None else parse_duration(drain_timeout, name="drain_timeout")
         wait = parse_duration(propagation_wait, name="propagation_wait")
-        source = ""
+        quiet_variable = variable("propagation_quiet")
         if propagation_quiet is None:
-            # Read as the environment table reads it (a duration, or none/off for no quiet rule).
-            quiet = from_environ(("propagation_quiet",)).get("propagation_quiet")
-            given: object = os.environ.get("GRACEFUL_PROPAGATION_QUIET")
-            source = "environment variable GRACEFUL_PROPAGATION_QUIET"
+            raw = os.environ.get(quiet_variable, "").strip()
+            quiet = optional_duration(quiet_variable, raw) if raw else None
+            sources = {**sources, "propagation_quiet": raw}
         else:
             quiet = parse_duration(propagation_quiet, name="propagation_quiet")
-            given = propagation_quiet
         if quiet is not None:
+            if "propagation_quiet" in sources:
+                given: object = sources["propagation_quiet"]
+                source = f"environment variable {quiet_variable}"
+            else:
+                given, source = propagation_quiet, ""
             check_quiet(quiet, wait if wait > 0 else math.inf, given=given, source=source)
         return cls(
             grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait, propagation_quiet=quiet
@@ -90,7 +98,7 @@ class Budget:
         it has the whole ``limit``. Admitting during the wait, a request admitted just
         before the wait ends has ``limit - propagation_wait``, and a connection that was
         busy at drain start may bring one more request after its current one (see
-        ``Drain.admits``): two requests in a row, hence the admit-mode rule
+        ``Drain.admit_arrival``): two requests in a row, hence the admit-mode rule
         ``grace_period >= propagation_wait + 2 x longest request + reserve``.
         """
         if not admit:

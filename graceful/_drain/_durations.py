@@ -1,4 +1,4 @@
-"""Durations, the settings errors, and the grace period's arithmetic, without ``dataclasses``.
+"""Durations and the grace period's arithmetic, without ``dataclasses``.
 
 The preStop hook checks its budget before it looks for a server; it reads this module and
 never ``Budget``'s (``dataclasses`` and the ``inspect`` it imports cost the hook about 7 ms).
@@ -11,9 +11,10 @@ import math
 import os
 import re
 
+from ._errors import ConfigError
+
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
-    "ConfigError",
     "check_quiet",
     "default_reserve",
     "drain_limit",
@@ -26,10 +27,6 @@ __all__ = [
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
 _HELP = "use a number of seconds or a duration such as 10s, 1.5s, 500ms, 2m or 1m30s"
-
-
-class ConfigError(ValueError):
-    """A user-supplied setting is wrong; the message names the value and the fix."""
 
 
 def parse_duration(value: str | float | int, *, name: str = "duration") -> float:

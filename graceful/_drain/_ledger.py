@@ -1,19 +1,23 @@
-"""Work in flight: the one base shared by HTTP calls, WebSocket sessions and tracked jobs.
+"""Work in flight: the ledger that counts it, and the one base shared by HTTP calls, WebSocket
+sessions and tracked jobs.
 
-Each item is admitted into its drain's ledger (``Drain.admit_item``, which records the
-time), finishes exactly once (``Drain.release_item`` with an outcome), names itself
-for the drain's leftover list and can be ended at the drain deadline.
+An item is admitted into a ledger (``Ledger.admit_item``, which records the time) and
+finishes exactly once, with an outcome (``Tracked.finish_after``, which ``Tracked.finish``
+runs at once): that is the only code that ends an item's count. It names itself for the
+drain's leftover list and can be ended at the drain deadline. ``Drain`` is a ``Ledger``; the
+ledger's fields are this module's alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Any
 
 import anyio
 
-from ._status import OUTCOMES, State
+from ._status import OUTCOMES, State, Tally
 
 __all__ = [
     "CANCELLED",
@@ -21,6 +25,7 @@ __all__ = [
     "COMPLETED",
     "ERROR",
     "HANDED_OFF",
+    "NO_LIMIT",
     "OUTCOMES",
     "Ledger",
     "NotAccepting",
@@ -29,26 +34,83 @@ __all__ = [
 
 # Request outcomes, as indexes into Tally.outcomes (named in OUTCOMES) so the hot path does no dict lookups.
 COMPLETED, CLIENT_DISCONNECTED, ERROR, CANCELLED, HANDED_OFF = range(5)
+NO_LIMIT = 1 << 62
+
+# Loaded as a module global: one lookup, no attribute access, per admission.
+_monotonic = time.monotonic
 
 
 class NotAccepting(RuntimeError):
     """Raised by :meth:`Drain.track` when the process no longer takes new work."""
 
 
-class Ledger(Protocol):
-    """What an item needs from its drain (``Drain`` is one)."""
+class Ledger:
+    """Everything admitted and not yet finished, in order of admission, with its admission time.
+
+    ``Drain`` is one. ``_items`` maps each item to the ``time.monotonic()`` of its admission,
+    ``_outcomes`` counts finished items by outcome, and ``_waker`` (the current drain run's
+    ``wake``) is called when the ledger empties.
+    """
 
     state: State
 
-    def admit_item(self, item: Tracked, limit: int = ...) -> bool: ...
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+        self._items: dict[Tracked, float] = {}
+        self._outcomes = tally.outcomes
+        self._waker: Callable[[], None] | None = None
 
-    def release_item(self, item: Tracked, outcome: int) -> None: ...
+    def wake_when_empty(self, waker: Callable[[], None] | None) -> None:
+        """Call ``waker`` each time the last item finishes (a drain run waiting for the work to end)."""
+        self._waker = waker
 
-    def count_truncated(self, reason: str) -> None: ...
+    @property
+    def in_flight(self) -> int:
+        return len(self._items)
+
+    def admissions(self) -> dict[Tracked, float]:
+        """The ledger's table, for an owner that admits inline on its hot path (graceful's middleware,
+        once per request): ``table[item] = time.monotonic()`` is ``admit_item(item)`` without its
+        call. Items leave it only through ``Tracked.finish_after``; the table is the same object for
+        the ledger's whole life."""
+        return self._items
+
+    def admit_item(self, item: Tracked, limit: int = NO_LIMIT) -> bool:
+        """Count ``item`` as in flight, unless ``limit`` items already are (package-internal; the hot path)."""
+        items = self._items
+        if len(items) >= limit:
+            return False
+        items[item] = _monotonic()
+        return True
+
+    def items(self) -> tuple[Tracked, ...]:
+        """The work in flight, in order of admission."""
+        return tuple(self._items)
+
+    def leftover(self) -> tuple[str, ...]:
+        """A line for each item in flight: what it is and for how long it has run."""
+        now = time.monotonic()
+        return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self._items.items())
+
+    def count_truncated(self, reason: str) -> None:
+        self.tally.add(self.tally.truncated, reason)
+
+
+class _Done:
+    """An awaitable that is already done: ``finish`` drives ``finish_after`` with it, without a loop."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that ends at once: awaiting it never suspends
+
+
+_DONE = _Done()
 
 
 class Tracked:
-    """One unit of work in flight, counted from admission until ``finish``."""
+    """One unit of work in flight, counted from admission until it finishes."""
 
     __slots__ = ("ledger", "open")
 
@@ -56,11 +118,30 @@ class Tracked:
         self.ledger = ledger
         self.open = True
 
-    def finish(self, outcome: int) -> None:
-        """Release this item with ``outcome``; later calls do nothing."""
+    async def finish_after(self, sent: Awaitable[None], outcome: int) -> None:
+        """Await ``sent`` (the server taking the last frame), then release this item with ``outcome``.
+
+        The one code that ends an item's count. The middleware returns it as the awaitable of the
+        last frame's ``send``, so the release costs the hot path no call of its own; ``finish``
+        runs it with nothing to wait for. Once released, later calls do nothing.
+        """
+        await sent
         if self.open:
             self.open = False
-            self.ledger.release_item(self, outcome)
+            ledger = self.ledger
+            items = ledger._items
+            del items[self]
+            ledger._outcomes[outcome] += 1
+            if not items and ledger._waker is not None:
+                ledger._waker()
+
+    def finish(self, outcome: int) -> None:
+        """Release this item with ``outcome`` now (``finish_after`` with nothing to wait for)."""
+        if self.open:
+            try:
+                self.finish_after(_DONE, outcome).send(None)
+            except StopIteration:
+                pass
 
     def label(self) -> str:
         """What it is, for the list of work the deadline cut (the drain adds how long it ran)."""

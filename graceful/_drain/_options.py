@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._budget import Budget, ConfigError, check_quiet, parse_duration
+from ._budget import Budget, check_quiet, parse_duration
+from ._environ import Env, duration, flag, from_environ, named_object, optional_duration, variable
+from ._errors import ConfigError
 
-__all__ = ["DRAIN_OPTIONS", "DrainConfig", "Hook"]
+__all__ = ["DRAIN_ENVIRON", "DRAIN_OPTIONS", "DrainConfig", "Hook"]
 
 logger = logging.getLogger("graceful")
 
 Hook = Callable[[], Awaitable[None]]
 
 
-def _doc(default: str, meaning: str) -> dict[str, tuple[str, str]]:
-    return {"doc": (default, meaning)}
+def _doc(default: str, meaning: str, env: Env) -> dict[str, Any]:
+    """An option's declaration beside its field: its row of the option table, and how its variable is read."""
+    return {"doc": (default, meaning), "env": env}
 
 
 @dataclass(frozen=True)
@@ -32,13 +36,26 @@ class DrainConfig:
     """Drain options with durations parsed and the budget's defaults filled in."""
 
     grace_period: float = field(
-        metadata=_doc("env `GRACEFUL_GRACE_PERIOD`, else 30", "the pod's `terminationGracePeriodSeconds`")
+        metadata=_doc(
+            "env `GRACEFUL_GRACE_PERIOD`, else 30",
+            "the pod's `terminationGracePeriodSeconds`",
+            Env(duration, "a duration (`120`, `2m`)"),
+        )
     )
     reserve: float = field(
-        metadata=_doc("30% of grace, ≥ 10 s", "left after the deadline for sidecars, log flush and exit")
+        metadata=_doc(
+            "30% of grace, ≥ 10 s",
+            "left after the deadline for sidecars, log flush and exit",
+            Env(duration, "a duration"),
+        )
     )
     drain_timeout: float | None = field(
-        default=None, metadata=_doc("none", "an upper bound on the drain, below `grace_period − reserve`")
+        default=None,
+        metadata=_doc(
+            "none",
+            "an upper bound on the drain, below `grace_period − reserve`",
+            Env(optional_duration, "a duration, or `none`"),
+        ),
     )
     propagation_wait: float = field(
         default=0.0,
@@ -46,6 +63,7 @@ class DrainConfig:
             "0",
             "minimum drain time, for endpoint removal to reach every balancer "
             "(with `propagation_quiet`: the upper bound)",
+            Env(duration, "a duration"),
         ),
     )
     propagation_quiet: float | None = field(
@@ -53,6 +71,7 @@ class DrainConfig:
         metadata=_doc(
             "env `GRACEFUL_PROPAGATION_QUIET`, else none",
             "end the propagation wait early once no new request has arrived for this long (see below)",
+            Env(optional_duration, "a duration, or `none`"),
         ),
     )
     admit_during_propagation: bool = field(
@@ -60,6 +79,7 @@ class DrainConfig:
         metadata=_doc(
             "True",
             "keep admitting until the propagation wait ends; False refuses from the drain's first instant (see below)",
+            Env(flag, "`1`/`0` (also `true`/`false`, `yes`/`no`, `on`/`off`)"),
         ),
     )
     handoff_streams: bool = field(
@@ -68,21 +88,36 @@ class DrainConfig:
             "env `GRACEFUL_HANDOFF_STREAMS`, else False",
             "once the propagation wait has passed, end resumable SSE streams at once with the final event, "
             "for the client to continue elsewhere (see [Resumable streams](resume.md))",
+            Env(flag, "`1`/`0`"),
         ),
     )
     on_drain_start: Hook | None = field(
         default=None,
-        metadata=_doc("none", "async hooks (deregister, flush audit data); cut off when they overrun"),
+        metadata=_doc(
+            "none",
+            "async hooks (deregister, flush audit data); cut off when they overrun",
+            Env(named_object, "`module:function`, imported"),
+        ),
     )
     on_drained: Hook | None = field(
         default=None,
-        metadata=_doc("none", "async hooks (deregister, flush audit data); cut off when they overrun"),
+        metadata=_doc(
+            "none",
+            "async hooks (deregister, flush audit data); cut off when they overrun",
+            Env(named_object, "`module:function`, imported"),
+        ),
     )
     hook_timeout: float = field(
-        default=5.0, metadata=_doc("5 s", "how long `on_drained` may take (never past deadline + reserve/2)")
+        default=5.0,
+        metadata=_doc(
+            "5 s", "how long `on_drained` may take (never past deadline + reserve/2)", Env(duration, "a duration")
+        ),
     )
     unwind_timeout: float = field(
-        default=2.0, metadata=_doc("2 s", "after the deadline, how long to wait for cancelled work to unwind")
+        default=2.0,
+        metadata=_doc(
+            "2 s", "after the deadline, how long to wait for cancelled work to unwind", Env(duration, "a duration")
+        ),
     )
     drain_on_sigterm: bool = field(
         default=True,
@@ -90,6 +125,7 @@ class DrainConfig:
             "env `GRACEFUL_DRAIN_ON_SIGTERM`, else True",
             "SIGTERM/SIGINT start the drain and reach the server's own handler once it has ended "
             "(see [outside Kubernetes](outside-kubernetes.md)); False leaves them to the server",
+            Env(flag, "`1`/`0`"),
         ),
     )
 
@@ -100,16 +136,16 @@ class DrainConfig:
         if unknown:
             raise TypeError(f"unknown drain option(s) {sorted(unknown)}; the options are {sorted(DRAIN_OPTIONS)}")
         # Options not given come from their GRACEFUL_* variables (docs/middleware.md, "From the
-        # environment"). Budget.resolve reads the two it cross-checks itself, to name them in its errors.
-        from ._environ import from_environ
-
-        options = {**from_environ(DRAIN_OPTIONS - set(options) - _BUDGET_READS), **options}
+        # environment"); the budget's cross-checks name the variable a value came from.
+        from_env = from_environ(DRAIN_ENVIRON, (name for name in DRAIN_ENVIRON if name not in options))
+        options = {**from_env, **options}
         budget = Budget.resolve(
             grace_period=options.get("grace_period"),
             reserve=options.get("reserve"),
             drain_timeout=options.get("drain_timeout"),
             propagation_wait=options.get("propagation_wait", 0.0),
             propagation_quiet=options.get("propagation_quiet"),
+            from_variables={name: os.environ[variable(name)].strip() for name in from_env},
         )
         admit = options.get("admit_during_propagation", True)
         if not isinstance(admit, bool):
@@ -169,4 +205,5 @@ class DrainConfig:
 # The option names, in the order of the table.
 OPTION_DOCS: dict[str, tuple[str, str]] = {f.name: f.metadata["doc"] for f in dataclasses.fields(DrainConfig)}
 DRAIN_OPTIONS = frozenset(OPTION_DOCS)
-_BUDGET_READS = frozenset({"grace_period", "propagation_quiet"})
+# How each option's GRACEFUL_* variable is read, in the same order.
+DRAIN_ENVIRON: dict[str, Env] = {f.name: f.metadata["env"] for f in dataclasses.fields(DrainConfig)}

@@ -70,7 +70,7 @@ class DrainRun:
     def follow(self) -> DrainRun:
         """A run for work admitted after this one drained, within the same deadline.
 
-        A pinned connection's one more request (see ``Drain.admits``) can arrive after
+        A pinned connection's one more request (see ``Drain.admit_arrival``) can arrive after
         the drain has ended: waiting for it too keeps the exit that follows (SIGTERM)
         bounded and cuts nothing.
         """
@@ -88,13 +88,14 @@ class DrainRun:
 
     def in_propagation(self, now: float) -> bool:
         """Whether a new request arriving ``now`` is in the propagation phase; records it if so."""
-        if now < self.propagation_end(now):
+        if now < self.settle_propagation(now):
             self.last_arrival = now
             return True
         return False
 
-    def propagation_end(self, now: float) -> float:
-        """When the propagation phase ends, as known at ``now``; fixed once it has ended.
+    def settle_propagation(self, now: float) -> float:
+        """When the propagation phase ends, as known at ``now``; fixed once it has ended. The first
+        call that finds it over settles it: one ``graceful_propagation_seconds`` sample and a log line.
 
         Without ``propagation_quiet`` that is drain start + ``propagation_wait``. With it,
         the phase also ends once no new request has arrived for ``quiet`` seconds, and
@@ -125,7 +126,7 @@ class DrainRun:
         return {
             "drain_started": self.started_wall,
             "deadline": self.wall(self.deadline),
-            "propagation_until": self.wall(self.propagation_end(now)),
+            "propagation_until": self.wall(self.settle_propagation(now)),
             "last_request": self.wall(self.last_arrival) if self.last_arrival >= self.started else None,
         }
 
@@ -185,7 +186,7 @@ class DrainRun:
                         outcome = "drained"
                     break
                 now = time.monotonic()
-                prop_end = self.propagation_end(now)
+                prop_end = self.settle_propagation(now)
                 if now >= prop_end and config.handoff_streams and not machine.handing_off and now < deadline:
                     machine.handing_off = True
                     await self._hand_off_all()

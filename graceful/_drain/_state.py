@@ -16,7 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any
 
-from ._ledger import NotAccepting, Tracked, track
+from ._ledger import Ledger, NotAccepting, track
 from ._options import DrainConfig
 from ._run import DrainRun
 from ._status import DRAINING, SERVING, STOPPED, DrainResult, DrainStatus, State, Tally
@@ -25,11 +25,10 @@ __all__ = ["Drain", "DrainResult", "DrainStatus", "NotAccepting", "State"]
 
 logger = logging.getLogger("graceful")
 
-NO_LIMIT = 1 << 62
 Duration = float | str | None  # seconds, or a duration such as "10s"; None: the configured value
 
 
-class Drain:
+class Drain(Ledger):
     """The STARTING -> SERVING -> DRAINING -> STOPPED machine and the work in flight.
 
     One per process. ``begin_drain()`` flips to DRAINING in one synchronous step:
@@ -48,19 +47,14 @@ class Drain:
         self.admit_during_propagation = config.admit_during_propagation
         self.state = State.STARTING
         self.since = time.time()  # wall-clock time at which the current state was entered
-        # The ledger: everything admitted and not yet finished, in order of admission, with the
-        # time.monotonic() of its admission. The middleware and its Call insert into it and delete
-        # from it themselves (admit_item and release_item, inlined on the hot path) and read
-        # ``outcomes`` and ``drain_run`` there too. These three are package-internal, for
-        # graceful's own middleware: not part of the public API.
-        self.admitted: dict[Tracked, float] = {}
+        # The ledger (the base class): everything admitted and not yet finished.
+        tally = Tally()
+        super().__init__(tally)
         # Connections (peer addresses) that were open when the drain began: see middleware.
         self.pinned: set[object] = set()
-        self.tally = tally = Tally()
-        self.outcomes = tally.outcomes  # bumped on the hot path (Call._send_last)
         self.drain_durations = tally.drain_durations
         self.propagation_durations = tally.propagation_durations
-        self.drain_run: DrainRun | None = None  # the current (or last) drain run
+        self._run: DrainRun | None = None  # the current (or last) drain run
         self._listeners: list[Callable[[], None]] = []
         # Set by a drain run once its propagation phase is over with handoff_streams on:
         # resumable streams are then ended for their clients to continue elsewhere.
@@ -75,28 +69,32 @@ class Drain:
     # -- reading ---------------------------------------------------------------------
 
     @property
-    def in_flight(self) -> int:
-        return len(self.admitted)
-
-    @property
     def accepting(self) -> bool:
         """True only while SERVING: queue consumers should take no new work otherwise."""
         return self.state is SERVING
 
     @property
-    def last_result(self) -> DrainResult | None:
-        return None if self.drain_run is None else self.drain_run.result
+    def drain_run(self) -> DrainRun | None:
+        """The current (or last) drain run."""
+        return self._run
 
-    def admits(self, peer: object = None) -> bool:
-        """Whether a new request may start now (the slow path; SERVING is checked inline).
+    @property
+    def last_result(self) -> DrainResult | None:
+        return None if self._run is None else self._run.result
+
+    def admit_arrival(self, peer: object = None) -> bool:
+        """A new request arrived: record it, and say whether it may start (the slow path; SERVING
+        is checked inline).
 
         While DRAINING, every call is a new request (probes and exempt paths never get
         here): during the propagation phase its arrival time is recorded, admitted or
-        refused alike, for the quiet rule and ``graceful_propagation_seconds``.
+        refused alike, for the quiet rule and ``graceful_propagation_seconds``. After it,
+        a request on a connection pinned at the drain's start is admitted once, and the
+        connection is unpinned.
         """
         if self.state is SERVING:
             return True
-        run = self.drain_run
+        run = self._run
         if self.state is not DRAINING or run is None:
             return False
         now = time.monotonic()
@@ -110,14 +108,14 @@ class Drain:
         return False
 
     def status(self) -> DrainStatus:
-        run = self.drain_run
+        run = self._run
         shown = run is not None and (self.state is DRAINING or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
-        return DrainStatus(self.state, len(self.admitted), os.getpid(), self.since, counters=self.counters(), **times)
+        return DrainStatus(self.state, self.in_flight, os.getpid(), self.since, counters=self.counters(), **times)
 
     def handed_off(self) -> int:
         """Streams the current (or last) drain has handed off so far."""
-        return 0 if self.drain_run is None else self.drain_run.handed_off()
+        return 0 if self._run is None else self._run.handed_off()
 
     def counters(self) -> dict[str, dict[str, int]]:
         return self.tally.as_dict()
@@ -155,7 +153,7 @@ class Drain:
         wait, quiet, limit = self.config.overridden(propagation_wait, propagation_quiet, timeout)
         if self.state is DRAINING or self.state is STOPPED:
             return False
-        self.drain_run = DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit)
+        self._start(DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit))
         self._transition(DRAINING, reason)
         if wait > limit:
             logger.warning(
@@ -163,7 +161,7 @@ class Drain:
             )
         return True
 
-    def settings(
+    def check_overrides(
         self, *, propagation_wait: Duration = None, propagation_quiet: Duration = None, timeout: Duration = None
     ) -> tuple[float, float | None, float]:
         """The (wait, quiet, limit) a drain with these overrides would use; raises ConfigError."""
@@ -175,8 +173,8 @@ class Drain:
             return False
         self.pinned.clear()
         self.handing_off = False
-        if self.drain_run is not None:
-            self.drain_run.end("resumed")
+        if self._run is not None:
+            self._run.end("resumed")
         self._transition(SERVING, "resume")
         return True
 
@@ -184,8 +182,8 @@ class Drain:
         """Enter STOPPED (lifespan shutdown): the end of this lifecycle."""
         if self.state is not STOPPED:
             self._stopped_draining = self.state is DRAINING
-            if self.drain_run is not None:
-                self.drain_run.end("stopped")
+            if self._run is not None:
+                self._run.end("stopped")
             self._transition(STOPPED, reason)
 
     def restart(self, reason: str = "lifespan startup") -> bool:
@@ -217,6 +215,10 @@ class Drain:
         for callback in self._listeners:
             callback()
 
+    def _start(self, run: DrainRun) -> None:
+        self._run = run
+        self.wake_when_empty(run.wake)  # a release that empties the ledger wakes the run
+
     def _transition(self, new: State, reason: str) -> None:
         old = self.state
         self.state = new
@@ -229,45 +231,14 @@ class Drain:
         logger.log(
             logging.INFO if DRAINING in (old, new) else logging.DEBUG,
             "state %s -> %s at %s (reason=%s, in_flight=%d, elapsed=%.3fs)",
-            *(old.value, new.value, when, reason, len(self.admitted), elapsed),
+            *(old.value, new.value, when, reason, self.in_flight, elapsed),
         )
         self.notify()
 
-    # -- the ledger (package-internal; the hot path) ---------------------------------------
-
-    def admit_item(self, item: Tracked, limit: int = NO_LIMIT) -> bool:
-        """Count ``item`` as in flight, unless ``limit`` items already are."""
-        work = self.admitted
-        if len(work) >= limit:
-            return False
-        work[item] = time.monotonic()
-        return True
-
-    def release_item(self, item: Tracked, outcome: int) -> None:
-        """``item`` has finished with ``outcome`` (an index into OUTCOMES); called once per item.
-
-        ``Call._send_last`` (graceful/_asgi/_http.py) does these same three steps itself for a
-        completed HTTP request: a change here must be made there too.
-        """
-        del self.admitted[item]
-        self.outcomes[outcome] += 1
-        if self.drain_run is not None and not self.admitted:
-            self.drain_run.wake()
-
-    def items(self) -> tuple[Tracked, ...]:
-        """The work in flight, in order of admission."""
-        return tuple(self.admitted)
-
-    def leftover(self) -> tuple[str, ...]:
-        """A line for each item in flight: what it is and for how long it has run."""
-        now = time.monotonic()
-        return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self.admitted.items())
+    # -- counting (the ledger's own methods are on its base class, Ledger) -----------------------
 
     def count_rejected(self, reason: str) -> None:
         self.tally.add(self.tally.rejected, reason)
-
-    def count_truncated(self, reason: str) -> None:
-        self.tally.add(self.tally.truncated, reason)
 
     def track(self, name: str = "job") -> AbstractAsyncContextManager[None]:
         """Count non-HTTP work (a queue consumer's job) as in flight: ``async with drain.track():``.
@@ -295,14 +266,15 @@ class Drain:
         self.begin_drain(
             reason, propagation_wait=propagation_wait, timeout=timeout, propagation_quiet=propagation_quiet
         )
-        run = self.drain_run
+        run = self._run
         if run is None:  # stopped before any drain began
-            return DrainResult("stopped", len(self.admitted), 0.0, "", 0.0, 0.0)
+            return DrainResult("stopped", self.in_flight, 0.0, "", 0.0, 0.0)
         if self.state is not DRAINING:
-            return run.result or run.snapshot("stopped" if self.state is STOPPED else "resumed", len(self.admitted))
+            return run.result or run.snapshot("stopped" if self.state is STOPPED else "resumed", self.in_flight)
         result = run.result
         if result is not None:
-            if not (result.drained and self.admitted and time.monotonic() < run.deadline):
+            if not (result.drained and self.in_flight and time.monotonic() < run.deadline):
                 return result
-            self.drain_run = run = run.follow()
+            run = run.follow()
+            self._start(run)
         return await run.join()

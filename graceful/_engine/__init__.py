@@ -4,5 +4,6 @@
 selectors), ``_config`` (``EngineConfig`` and the frozen results) and ``_wait`` (the poll loop,
 bounded by the budget).
 
-May import ``_drain`` (the budget's rules). Prints nothing: ``_cli`` does.
+May import ``_drain``: its budget rule (``_durations``, the drain's limit) and ``ConfigError``.
+Prints nothing: ``_cli`` does.
 """

@@ -13,7 +13,8 @@ from typing import Literal
 
 import httpx
 
-from .._drain._durations import DEFAULT_GRACE_PERIOD, ConfigError, default_reserve, drain_limit, parse_duration
+from .._drain._durations import DEFAULT_GRACE_PERIOD, default_reserve, drain_limit, parse_duration
+from .._drain._errors import ConfigError
 from ._page import parse_metric
 from ._presets import PRESETS, EnginePreset
 

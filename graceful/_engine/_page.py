@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .._drain._durations import ConfigError
+from .._drain._errors import ConfigError
 
 __all__ = ["MetricSpec", "PageError", "has_only", "parse_metric", "read_metrics"]
 

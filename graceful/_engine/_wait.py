@@ -27,7 +27,7 @@ from typing import cast
 import anyio
 import httpx
 
-from .._drain._durations import ConfigError
+from .._drain._errors import ConfigError
 from ._config import EngineConfig, EngineDrainResult, EngineOutcome, EngineProgress
 from ._page import PageError, has_only, read_metrics
 from ._presets import EnginePreset

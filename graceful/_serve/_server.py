@@ -30,7 +30,7 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 from .._admin._paths import default_socket_dir, socket_path
 from .._asgi._middleware import GracefulMiddleware
 from .._asgi._stop import FIRST, FORCE, HANDLED_SIGNALS, StopSignals
-from .._drain._durations import ConfigError
+from .._drain._errors import ConfigError
 from .._drain._options import DRAIN_OPTIONS
 from .._drain._state import Drain
 from .._drain._status import State
@@ -259,7 +259,7 @@ def load_app(target: str, options: dict[str, Any], *, explicit: frozenset[str] =
 def _warn_conflicts(app: GracefulMiddleware, options: dict[str, Any], explicit: frozenset[str]) -> None:
     config = app.drain.config
     # None means "the default", which the launcher points at --socket-dir through the env.
-    socket_dir = app.settings.socket_dir if app.settings.socket_dir is not None else options.get("socket_dir")
+    socket_dir = app.shared.socket_dir if app.shared.socket_dir is not None else options.get("socket_dir")
     current = {name: getattr(config, name) for name in DRAIN_OPTIONS} | {"socket_dir": socket_dir}
     for name in sorted(explicit):
         if name in current and options.get(name) != current[name]:

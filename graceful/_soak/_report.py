@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._drain._durations import ConfigError
+from .._drain._errors import ConfigError
 
 __all__ = ["CLASSES", "LOSSES", "REASONS", "RESUME_REASONS", "Attempt", "RequestRecord", "SoakReport", "write_plot"]
 

@@ -22,7 +22,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from .._drain._durations import ConfigError
+from .._drain._errors import ConfigError
 from .._resume._transport import AsyncResumingTransport
 from ._exchange import Outcome, describe, exchange
 from ._report import CLASSES, Attempt, RequestRecord, SoakReport

@@ -158,10 +158,10 @@ def test_metric_alone_means_engine_mode_and_asks_for_the_url() -> None:
     assert "url" in result.output.lower()
 
 
-def test_engine_mode_gets_the_70_percent_rule_not_the_server_reserve() -> None:
+def test_engine_mode_gets_the_drains_budget_rule() -> None:
     """1. a vLLM page that stays busy, served on 127.0.0.1 2. `graceful drain --engine vllm
-    --grace-period 1 --timeout 25s` runs the real engine drain 3. its budget is 70% of the grace
-    period (0.7 s), not grace - reserve (0.5 s) nor the timeout 4. it ends at that budget, exit 1."""
+    --grace-period 1 --timeout 25s` runs the real engine drain 3. its budget is the drain's rule,
+    grace - reserve (0.5 s), not kthena's 70% (0.7 s) nor the timeout 4. it ends at that budget, exit 1."""
     from tests.engine.test_engine import BUSY, threaded_engine
 
     with threaded_engine(BUSY) as url:
@@ -171,9 +171,9 @@ def test_engine_mode_gets_the_70_percent_rule_not_the_server_reserve() -> None:
         elapsed = time.monotonic() - started
     assert result.exit_code == 1, result.output
     outcome = json.loads(result.stdout)
-    assert outcome["result"] == "timeout" and outcome["limit"] == pytest.approx(0.7)
-    assert 0.7 <= outcome["duration"] and elapsed < 7.0  # a 10x safety bound
-    assert "budget of 0.7s ran out with running=1 waiting=0" in result.stderr
+    assert outcome["result"] == "timeout" and outcome["limit"] == pytest.approx(0.5)
+    assert 0.5 <= outcome["duration"] and elapsed < 5.0  # a 10x safety bound
+    assert "budget of 0.5s ran out with running=1 waiting=0" in result.stderr
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -26,6 +26,7 @@ HOOK = {
     "graceful._admin._paths",
     "graceful._drain",
     "graceful._drain._durations",
+    "graceful._drain._errors",
 }
 WITH_CLICK = HOOK | {"graceful._cli._main"}
 FORBIDDEN = (

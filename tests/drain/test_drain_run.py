@@ -95,7 +95,7 @@ def test_status_fields_before_during_and_after_a_drain() -> None:
     assert during.deadline == pytest.approx(during.drain_started + 4)
     assert during.propagation_until == pytest.approx(during.drain_started + 1)
     assert during.last_request is None
-    drain.admits()  # a new request during the propagation phase is recorded
+    drain.admit_arrival()  # a new request during the propagation phase is recorded
     arrived = drain.status().last_request
     assert arrived is not None and during.drain_started - 1e-6 <= arrived < during.drain_started + 1
     drain.resume()
@@ -135,7 +135,7 @@ async def test_result_fields_of_a_drained_run() -> None:
 async def test_a_request_in_the_propagation_phase_is_dated_in_the_result() -> None:
     drain = serving()
     drain.begin_drain("preStop", propagation_wait=0.3, timeout=5)
-    assert drain.admits() is True  # admitted during the wait (the default)
+    assert drain.admit_arrival() is True  # admitted during the wait (the default)
     result = await drain.drain()
     assert result.last_request is not None and 0 <= result.last_request < 0.3
     assert drain.propagation_durations == [pytest.approx(result.last_request)]
@@ -174,7 +174,7 @@ async def test_quiet_rule_ends_the_phase_after_the_last_arrival(caplog: pytest.L
     with caplog.at_level(logging.INFO, logger="graceful"):
         drain.begin_drain("preStop", propagation_quiet=0.3, timeout=20)
         await anyio.sleep(0.1)
-        drain.admits()  # a request 0.1 s in moves the end to 0.4 s
+        drain.admit_arrival()  # a request 0.1 s in moves the end to 0.4 s
         with anyio.fail_after(5):
             result = await drain.drain()
     assert result.drained
@@ -293,7 +293,7 @@ async def test_a_follow_up_run_waits_for_work_admitted_after_the_drain() -> None
     drain.pinned.add("peer")
     first = await drain.drain(timeout=5)
     assert first.drained
-    assert drain.admits("peer") is True  # its one more request
+    assert drain.admit_arrival("peer") is True  # its one more request
     item = Item(drain)
     assert drain.admit_item(item)
     async with anyio.create_task_group() as tg:
@@ -315,20 +315,20 @@ async def test_a_pinned_peer_is_refused_after_the_deadline() -> None:
     drain.pinned.add("peer")
     await drain.drain(timeout=0.05)
     await anyio.sleep(0.1)  # past the deadline
-    assert drain.admits("peer") is False
-    assert drain.admits(None) is False
+    assert drain.admit_arrival("peer") is False
+    assert drain.admit_arrival(None) is False
 
 
 async def test_refuse_mode_refuses_during_the_wait_and_counts_the_arrival() -> None:
     drain = serving(admit_during_propagation=False)
     drain.begin_drain("preStop", propagation_wait=5, timeout=10)
-    assert drain.admits("anyone") is False
+    assert drain.admit_arrival("anyone") is False
     assert drain.status().last_request is not None
     drain.resume()
-    assert drain.admits() is True
+    assert drain.admit_arrival() is True
     stopped = serving()
     stopped.mark_stopped()
-    assert stopped.admits() is False
+    assert stopped.admit_arrival() is False
 
 
 async def test_on_drained_gets_half_the_reserve_past_the_deadline() -> None:
@@ -451,17 +451,17 @@ async def test_the_leader_finishes_when_its_caller_is_cancelled() -> None:
 
 def test_settings_are_what_a_drain_with_these_overrides_would_use() -> None:
     drain = serving(propagation_wait=10, propagation_quiet=2)
-    assert drain.settings() == (10.0, 2.0, 25.0)
-    assert drain.settings(propagation_wait="1s", propagation_quiet="500ms", timeout="3s") == (1.0, 0.5, 3.0)
-    assert drain.settings(timeout=100) == (10.0, 2.0, 25.0)  # never past grace - reserve
+    assert drain.check_overrides() == (10.0, 2.0, 25.0)
+    assert drain.check_overrides(propagation_wait="1s", propagation_quiet="500ms", timeout="3s") == (1.0, 0.5, 3.0)
+    assert drain.check_overrides(timeout=100) == (10.0, 2.0, 25.0)  # never past grace - reserve
 
 
 def test_stopped_admits_nothing_even_inside_the_propagation_wait() -> None:
     drain = serving()
     drain.begin_drain("preStop", propagation_wait=5, timeout=10)
-    assert drain.admits() is True  # admitted during the wait (the default)
+    assert drain.admit_arrival() is True  # admitted during the wait (the default)
     drain.mark_stopped()
-    assert drain.admits() is False
+    assert drain.admit_arrival() is False
 
 
 async def test_after_the_phase_ends_it_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -509,14 +509,14 @@ async def test_the_leader_sleeps_through_the_wait_for_work_in_flight() -> None:
         run = drain.drain_run
         assert run is not None
         checks = 0
-        propagation_end = run.propagation_end
+        settle_propagation = run.settle_propagation
 
         def counting(now: float) -> float:
             nonlocal checks
             checks += 1
-            return propagation_end(now)
+            return settle_propagation(now)
 
-        run.propagation_end = counting  # type: ignore[method-assign]
+        run.settle_propagation = counting  # type: ignore[method-assign]
         tg.start_soon(drain.drain)
         await anyio.sleep(0.1)  # past the propagation end
         before = checks

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from graceful import ConfigError, Drain, GracefulMiddleware
-from graceful._asgi._middleware import DEFAULTS
-from graceful._drain._environ import ENVIRON, variable
+from graceful._asgi._options import DEFAULTS, ENVIRON, environment_rows
+from graceful._drain._environ import variable
 from graceful._drain._options import DRAIN_OPTIONS
 from tests.utils import ROOT
 
@@ -42,6 +42,14 @@ def test_the_documented_table_lists_every_variable() -> None:
     section = page.split("## From the environment", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(GRACEFUL_\w+)` \|", section, re.MULTILINE))
     assert documented == {variable(option) for option in ENVIRON}
+
+
+def test_the_documented_table_is_the_one_the_declarations_write() -> None:
+    """One declaration per option (default, variable, value): the page's table is generated from it."""
+    page = (Path(ROOT) / "docs" / "middleware.md").read_text()
+    section = page.split("## From the environment", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `GRACEFUL_")]
+    assert rows == environment_rows()
 
 
 def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,7 +101,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "/health/startup",
     ]
     assert (mw.max_in_flight, mw.reject_over, mw.live_check) == (64, 128, hook)
-    settings = mw.settings
+    settings = mw.shared
     assert (settings.retry_after, settings.request_id_header, settings.ready_on_startup) == (
         b"3",
         b"x-request-id",
@@ -108,7 +116,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
     # A value given in code wins over the variable.
     mine = make(ready_path="/r", max_in_flight=2, propagation_wait="5s", admin=True)
     assert "/r" in mine._special and "/health/ready" not in mine._special
-    assert (mine.max_in_flight, mine.drain.config.propagation_wait, mine.settings.admin) == (2, 5.0, True)
+    assert (mine.max_in_flight, mine.drain.config.propagation_wait, mine.shared.admin) == (2, 5.0, True)
     assert Drain(grace_period=60).config.grace_period == 60.0
 
 

@@ -172,14 +172,14 @@ async def test_resume_and_a_new_drain_start_a_fresh_measurement(clock: FakeTime)
     drain.mark_serving()
     drain.begin_drain("first")
     clock.now += 1.0
-    assert drain.admits()
+    assert drain.admit_arrival()
     drain.resume()
     clock.now += 10.0
     assert drain.status().last_request is None or drain.state is State.SERVING
     drain.begin_drain("second")
     assert drain.status().last_request is None
     clock.now += 2.0
-    assert not drain.admits()
+    assert not drain.admit_arrival()
     assert drain.propagation_durations == [0.0]  # the resumed drain recorded nothing
 
 
@@ -278,7 +278,7 @@ def test_quiet_with_no_wait_configured_waits_for_a_drain_request_that_brings_one
     """The preStop hook often brings the wait: a server-side quiet alone is not an error."""
     drain = Drain(grace_period=60, reserve=10, propagation_quiet=2)
     assert drain.budget.propagation_quiet == 2.0
-    wait, quiet, _ = drain.settings(propagation_wait="30s")
+    wait, quiet, _ = drain.check_overrides(propagation_wait="30s")
     assert (wait, quiet) == (30.0, 2.0)
 
 
