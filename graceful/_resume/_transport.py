@@ -7,15 +7,18 @@ with ``x-graceful-resumable: 1``. When such a stream ends with graceful's final
 event, they send a continuation request to the same URL and splice its events into
 the one stream the caller reads. docs/resume.md describes the protocol.
 
-The splicing is one sans-IO object (``Splice``); the two transports only move bytes.
+The splicing is one sans-IO object (``Splice``). What a spliced stream does around it (read,
+resume, retry the continuation, give up) is written once, as ``_Continuation``, an async
+iterator over an I/O of either kind: the async transport awaits it, and the sync one drives it
+over blocking I/O that never suspends, so it runs to each chunk without an event loop.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -62,6 +65,20 @@ def _check(max_resumes: int) -> int:
     return max_resumes
 
 
+def _spliced(
+    request: httpx.Request, response: httpx.Response, found: tuple[Kind, dict[str, Any]] | None, io: _IO, resumes: int
+) -> httpx.Response | None:
+    """The response the caller reads, spliced across continuations; None when the stream is not one to splice."""
+    if found is None or response.status_code != 200 or not _is_sse(response):
+        return None
+    extensions = {**response.extensions, "graceful_resumes": 0}
+    continuation = _Continuation(io, request, response, Splice(*found, resumes), extensions)
+    stream = _SyncStream(continuation) if isinstance(io, _SyncIO) else _AsyncStream(continuation)
+    spliced = httpx.Response(200, headers=response.headers, stream=stream, extensions=extensions)
+    continuation.extensions = spliced.extensions  # httpx copies the dict: count on the caller's copy
+    return spliced
+
+
 class ResumingTransport(httpx.BaseTransport):
     """An httpx transport that continues cut completion streams on another replica.
 
@@ -75,92 +92,13 @@ class ResumingTransport(httpx.BaseTransport):
         self.transport = transport if transport is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read() if _candidate(request) else b""
-        found = _prepare(request, body)
+        found = _prepare(request, request.read() if _candidate(request) else b"")
         response = self.transport.handle_request(request)
-        if found is None or response.status_code != 200 or not _is_sse(response):
-            return response
-        splice = Splice(*found, self.max_resumes)
-        extensions = {**response.extensions, "graceful_resumes": 0}
-        stream = _SyncStream(self.transport, request, response, splice, extensions)
-        spliced = httpx.Response(200, headers=response.headers, stream=stream, extensions=extensions)
-        stream.extensions = spliced.extensions  # httpx copies the dict: count on the caller's copy
-        return spliced
+        spliced = _spliced(request, response, found, _SyncIO(self.transport), self.max_resumes)
+        return response if spliced is None else spliced
 
     def close(self) -> None:
         self.transport.close()
-
-
-class _SyncStream(httpx.SyncByteStream):
-    def __init__(
-        self,
-        transport: httpx.BaseTransport,
-        request: httpx.Request,
-        response: httpx.Response,
-        splice: Splice,
-        extensions: dict[str, Any],
-    ) -> None:
-        self.transport = transport
-        self.request = request
-        self.response = response
-        self.splice = splice
-        self.extensions = extensions
-
-    def __iter__(self) -> Iterator[bytes]:
-        splice = self.splice
-        while True:
-            error: Exception | None = None
-            try:
-                for data in self.response.iter_raw():
-                    out = splice.feed(data)
-                    if out:
-                        yield out
-            except httpx.TransportError as exc:
-                error = exc
-                if isinstance(exc, httpx.TimeoutException):
-                    splice.blocked = "the client's own read timeout"
-            finally:
-                self.response.close()
-            reason = splice.resume_reason(error)
-            if reason is not None:
-                response = self._resume(reason)
-                if response is not None:
-                    self.response = response
-                    self.extensions["graceful_resumes"] = splice.resumes
-                    continue
-            held = splice.surfaced()
-            if held:
-                yield held
-            if error is not None and not splice.done:
-                raise error
-            return
-
-    def _resume(self, reason: str) -> httpx.Response | None:
-        body = self.splice.begin_resume(reason, self.request.url)
-        time.sleep(self.splice.pause())
-        deadline = time.monotonic() + RETRY_WINDOW
-        for attempt in range(RETRY_ATTEMPTS):
-            try:
-                response = self.transport.handle_request(_next_request(self.request, body))
-            except _RETRY_ERRORS as exc:
-                failure = repr(exc)
-            else:
-                if response.status_code == 200 and _is_sse(response):
-                    return response
-                response.read()
-                response.close()
-                failure = f"HTTP {response.status_code}"
-                if response.status_code not in _RETRY_STATUS:
-                    break
-            pause = min(0.05 * 2**attempt, 0.5)
-            if time.monotonic() + pause > deadline:
-                break
-            time.sleep(pause)
-        logger.warning("could not resume stream %s: %s", (self.splice.first or {}).get("id", "?"), failure)
-        return None
-
-    def close(self) -> None:
-        self.response.close()
 
 
 class AsyncResumingTransport(httpx.AsyncBaseTransport):
@@ -171,43 +109,95 @@ class AsyncResumingTransport(httpx.AsyncBaseTransport):
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread() if _candidate(request) else b""
-        found = _prepare(request, body)
+        found = _prepare(request, await request.aread() if _candidate(request) else b"")
         response = await self.transport.handle_async_request(request)
-        if found is None or response.status_code != 200 or not _is_sse(response):
-            return response
-        splice = Splice(*found, self.max_resumes)
-        extensions = {**response.extensions, "graceful_resumes": 0}
-        stream = _AsyncStream(self.transport, request, response, splice, extensions)
-        spliced = httpx.Response(200, headers=response.headers, stream=stream, extensions=extensions)
-        stream.extensions = spliced.extensions  # httpx copies the dict: count on the caller's copy
-        return spliced
+        spliced = _spliced(request, response, found, _AsyncIO(self.transport), self.max_resumes)
+        return response if spliced is None else spliced
 
     async def aclose(self) -> None:
         await self.transport.aclose()
 
 
-class _AsyncStream(httpx.AsyncByteStream):
-    def __init__(
-        self,
-        transport: httpx.AsyncBaseTransport,
-        request: httpx.Request,
-        response: httpx.Response,
-        splice: Splice,
-        extensions: dict[str, Any],
-    ) -> None:
-        self.transport = transport
-        self.request = request
-        self.response = response
-        self.splice = splice
-        self.extensions = extensions
+# -- the I/O a continuation needs, of each kind ------------------------------------------------
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+
+class _IO(Protocol):
+    def raw(self, response: httpx.Response) -> AsyncIterator[bytes]: ...
+
+    async def close(self, response: httpx.Response) -> None: ...
+
+    async def discard(self, response: httpx.Response) -> None: ...
+
+    async def send(self, request: httpx.Request) -> httpx.Response: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class _SyncIO:
+    """A sync transport's blocking I/O, as coroutines that never suspend."""
+
+    def __init__(self, transport: httpx.BaseTransport) -> None:
+        self.transport = transport
+
+    async def raw(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        for data in response.iter_raw():
+            yield data
+
+    async def close(self, response: httpx.Response) -> None:
+        response.close()
+
+    async def discard(self, response: httpx.Response) -> None:
+        response.read()
+        response.close()
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        return self.transport.handle_request(request)
+
+    async def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class _AsyncIO:
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self.transport = transport
+
+    def raw(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        return response.aiter_raw()
+
+    async def close(self, response: httpx.Response) -> None:
+        await response.aclose()
+
+    async def discard(self, response: httpx.Response) -> None:
+        await response.aread()
+        await response.aclose()
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        return await self.transport.handle_async_request(request)
+
+    async def sleep(self, seconds: float) -> None:
+        import anyio
+
+        await anyio.sleep(seconds)
+
+
+# -- one spliced stream, written once --------------------------------------------------------
+
+
+class _Continuation:
+    """The stream the caller reads: the first response's events, then each continuation's, spliced."""
+
+    def __init__(
+        self, io: _IO, request: httpx.Request, response: httpx.Response, splice: Splice, extensions: dict[str, Any]
+    ) -> None:
+        self.io, self.request, self.response = io, request, response
+        self.splice, self.extensions = splice, extensions
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         splice = self.splice
         while True:
             error: Exception | None = None
             try:
-                async for data in self.response.aiter_raw():
+                async for data in self.io.raw(self.response):
                     out = splice.feed(data)
                     if out:
                         yield out
@@ -216,7 +206,7 @@ class _AsyncStream(httpx.AsyncByteStream):
                 if isinstance(exc, httpx.TimeoutException):
                     splice.blocked = "the client's own read timeout"
             finally:
-                await self.response.aclose()
+                await self.io.close(self.response)
             reason = splice.resume_reason(error)
             if reason is not None:
                 response = await self._resume(reason)
@@ -232,30 +222,71 @@ class _AsyncStream(httpx.AsyncByteStream):
             return
 
     async def _resume(self, reason: str) -> httpx.Response | None:
-        import anyio
-
+        """The continuation's response, sent again while the balancer refuses it (a dead endpoint)."""
+        io = self.io
         body = self.splice.begin_resume(reason, self.request.url)
-        await anyio.sleep(self.splice.pause())
+        await io.sleep(self.splice.pause())
         deadline = time.monotonic() + RETRY_WINDOW
         for attempt in range(RETRY_ATTEMPTS):
             try:
-                response = await self.transport.handle_async_request(_next_request(self.request, body))
+                response = await io.send(_next_request(self.request, body))
             except _RETRY_ERRORS as exc:
                 failure = repr(exc)
             else:
                 if response.status_code == 200 and _is_sse(response):
                     return response
-                await response.aread()
-                await response.aclose()
+                await io.discard(response)
                 failure = f"HTTP {response.status_code}"
                 if response.status_code not in _RETRY_STATUS:
                     break
             pause = min(0.05 * 2**attempt, 0.5)
             if time.monotonic() + pause > deadline:
                 break
-            await anyio.sleep(pause)
+            await io.sleep(pause)
         logger.warning("could not resume stream %s: %s", (self.splice.first or {}).get("id", "?"), failure)
         return None
 
+
+_T = TypeVar("_T")
+
+
+def _run_sync(step: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine over ``_SyncIO`` to its end: it never suspends, so no loop is needed."""
+    try:
+        step.send(None)
+    except StopIteration as done:
+        value: _T = done.value
+        return value
+    step.close()
+    raise RuntimeError("a sync transport's I/O suspended")  # pragma: no cover - _SyncIO never awaits a loop
+
+
+class _SyncStream(httpx.SyncByteStream):
+    def __init__(self, continuation: _Continuation) -> None:
+        self.continuation = continuation
+
+    def __iter__(self) -> Iterator[bytes]:
+        chunks = self.continuation.chunks()
+        try:
+            while True:
+                try:
+                    yield _run_sync(chunks.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            _run_sync(chunks.aclose())  # the response in hand is closed if the caller stops early
+
+    def close(self) -> None:
+        _run_sync(self.continuation.io.close(self.continuation.response))
+
+
+class _AsyncStream(httpx.AsyncByteStream):
+    def __init__(self, continuation: _Continuation) -> None:
+        self.continuation = continuation
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.continuation.chunks():
+            yield chunk
+
     async def aclose(self) -> None:
-        await self.response.aclose()
+        await self.continuation.io.close(self.continuation.response)
