@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+WIDTH = len("sse-starlette")  # of the table's suite column
 
 
 @dataclass
@@ -143,7 +144,7 @@ def compare(results_dir: Path, suite: str) -> tuple[list[str], list[str], bool] 
     p_pass, p_fail = counts(plain)
     w_pass, w_fail = counts(wrapped)
     note = "" if finished else f"  (wrapped run did not finish: exit code {rc})"
-    row = f"{suite:<10} {p_pass:>8} {p_fail:>7}   {w_pass:>8} {w_fail:>7}   {len(new):>6}{note}"
+    row = f"{suite:<{WIDTH}} {p_pass:>8} {p_fail:>7}   {w_pass:>8} {w_fail:>7}   {len(new):>6}{note}"
     listing = [
         f"{key}  [{r.status}] {r.message}" + (f"  (refused: {r.refused})" if r.refused else "")
         for key, r in new.items()
@@ -188,8 +189,8 @@ def main(argv: list[str]) -> int:
         if detail:
             details += [f"== {suite}: new failures in the wrapped run", *detail, ""]
     print("\n".join(details))
-    print(f"{'':<10} {'unwrapped':>16}   {'wrapped':>16}")
-    print(f"{'suite':<10} {'passed':>8} {'failed':>7}   {'passed':>8} {'failed':>7}   {'new failures':>6}")
+    print(f"{'':<{WIDTH}} {'unwrapped':>16}   {'wrapped':>16}")
+    print(f"{'suite':<{WIDTH}} {'passed':>8} {'failed':>7}   {'passed':>8} {'failed':>7}   {'new failures':>6}")
     print("\n".join(rows))
     print(f"(full lists: {results_dir}/<suite>-new-failures.txt)")
     if broken:

@@ -1,9 +1,9 @@
 """pytest plugin that runs an upstream test suite with every app wrapped in ``GracefulMiddleware``.
 
 ``scripts/upstream-suites`` loads it (``-p wrap_plugin``, with this directory on ``PYTHONPATH``) for
-the wrapped run of the Starlette and FastAPI test suites, and compares that run with a plain one:
-a test that passes plain and fails wrapped is a place where the middleware, with its default
-options, changes what an application does.
+the wrapped run of the Starlette, FastAPI and sse-starlette test suites, and compares that run with
+a plain one: a test that passes plain and fails wrapped is a place where the middleware, with its
+default options, changes what an application does.
 
 What it wraps, as soon as the plugin is loaded (before the suite's conftest files are imported):
 
@@ -22,8 +22,12 @@ What it wraps, as soon as the plugin is loaded (before the suite's conftest file
 - **Raw ASGI apps handed to ``httpx.ASGITransport``** (and ``httpx2``'s), the same way: a few tests
   drive an app through an ``httpx.AsyncClient`` instead of the TestClient.
 
-Not wrapped: apps called directly by a test (``await app(scope, receive, send)``) and apps in
-subprocesses that a test starts (the plugin is only loaded into the pytest process).
+sse-starlette's suite needs nothing more: the apps it builds are Starlette applications, served by
+uvicorn in the test's own process, driven through ``httpx2.ASGITransport`` or a ``TestClient``.
+
+Not wrapped: apps called directly by a test (``await app(scope, receive, send)``, as most of
+sse-starlette's tests call an ``EventSourceResponse``) and apps in subprocesses that a test starts
+(the plugin is only loaded into the pytest process).
 
 Each test's junit XML entry gets a ``graceful_refusals`` property (for example
 ``server_starting=2``) when a wrapped app refused requests during it, counted through
