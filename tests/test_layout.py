@@ -236,3 +236,78 @@ def test_private_reach_is_detected() -> None:
         "_asgi._metrics:4: ._work",
         "_asgi._metrics:5: ._work",
     ]
+
+
+# -- one place per rule ------------------------------------------------------------------------
+
+# What must be written in one module only, and which: a second copy of any of these is a drift
+# waiting to happen (signal policy, refusal, admission's options, budget share, option errors).
+ONE_PLACE = {
+    "HANDLED_SIGNALS": "_asgi._stop",
+    "REPEAT_WINDOW": "_asgi._stop",
+    "REFUSAL": "_asgi._refusal",
+    "NOT_STARTED_HEADER": "_asgi._refusal",
+    "GRACE_SHARE": "_engine._config",
+    "ConfigError": "_drain._errors",
+    "UNSET": "_drain._environ",
+    "PREFIX": "_drain._environ",
+}
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top level: assignments, functions and classes."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+    return names
+
+
+def test_each_rule_is_defined_in_one_module() -> None:
+    trees = modules()
+    for name, home in ONE_PLACE.items():
+        assert [module for module, tree in trees.items() if name in defined_names(tree)] == [home], name
+
+
+def string_constants(tree: ast.Module) -> set[str]:
+    """The module's strings that code uses (docstrings and other bare string statements left out)."""
+    bare = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in bare
+    }
+
+
+def test_drain_names_no_http_or_middleware_option() -> None:
+    """``_drain`` knows nothing of HTTP: none of its modules names a middleware option or a header."""
+    from graceful._asgi._options import MIDDLEWARE_ENVIRON
+
+    words = set(MIDDLEWARE_ENVIRON) | {"retry-after", "x-graceful-not-started"}
+    for module, tree in modules().items():
+        if package_of(module) == "_drain":
+            named = {word for word in words if any(word in text for text in string_constants(tree))}
+            named |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)} & words
+            assert named == set(), module
+
+
+def test_only_the_refusal_module_writes_a_refusal() -> None:
+    """One refusal for HTTP and WebSocket: the Retry-After header is written in one module."""
+    writers = [module for module, tree in modules().items() if b"retry-after" in _bytes_constants(tree)]
+    assert writers == ["_asgi._refusal"]
+
+
+def _bytes_constants(tree: ast.Module) -> set[bytes]:
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, bytes)}
+
+
+def test_the_rules_are_detected() -> None:
+    copy = ast.parse("HANDLED_SIGNALS = (15, 2)\n")
+    assert "HANDLED_SIGNALS" in defined_names(copy)
+    assert "ready_path" in string_constants(ast.parse("x = {'ready_path': 1}\n"))
+    assert string_constants(ast.parse('"""ready_path, in a docstring"""\n')) == set()
+    assert b"retry-after" in _bytes_constants(ast.parse("h = [(b'retry-after', b'1')]\n"))

@@ -130,7 +130,7 @@ def whole_seconds(var: str, raw: str) -> int:
 
 
 def named_object(var: str, raw: str) -> Any:
-    """``module:attribute``, imported: hooks, ``live_check`` and ``final_frame`` by name."""
+    """``module:attribute``, imported: hooks and other callables named in a variable."""
     module, _, attribute = raw.partition(":")
     if not module or not attribute:
         raise ConfigError(f"environment variable {var}: {raw!r} must be in format <module>:<attribute>")
