@@ -3,16 +3,16 @@
 ``DrainConfig`` is what ``Drain`` is built from. Its fields are the options that
 ``Drain(...)`` and ``GracefulMiddleware(..., **options)`` take, that ``graceful run``
 compares against an app wrapped elsewhere, and that the documentation's option table
-lists (a test holds that table to the ``doc`` metadata below).
+lists. Each is declared once, in ``_DECLARED``: its row of that table (a test holds the page
+to it) and how its ``GRACEFUL_*`` variable is read.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ._budget import Budget, check_quiet, parse_duration
@@ -26,108 +26,22 @@ logger = logging.getLogger("graceful")
 Hook = Callable[[], Awaitable[None]]
 
 
-def _doc(default: str, meaning: str, env: Env) -> dict[str, Any]:
-    """An option's declaration beside its field: its row of the option table, and how its variable is read."""
-    return {"doc": (default, meaning), "env": env}
-
-
 @dataclass(frozen=True)
 class DrainConfig:
-    """Drain options with durations parsed and the budget's defaults filled in."""
+    """Drain options with durations parsed and the budget's defaults filled in (declared in ``_DECLARED``)."""
 
-    grace_period: float = field(
-        metadata=_doc(
-            "env `GRACEFUL_GRACE_PERIOD`, else 30",
-            "the pod's `terminationGracePeriodSeconds`",
-            Env(duration, "a duration (`120`, `2m`)"),
-        )
-    )
-    reserve: float = field(
-        metadata=_doc(
-            "30% of grace, ≥ 10 s",
-            "left after the deadline for sidecars, log flush and exit",
-            Env(duration, "a duration"),
-        )
-    )
-    drain_timeout: float | None = field(
-        default=None,
-        metadata=_doc(
-            "none",
-            "an upper bound on the drain, below `grace_period − reserve`",
-            Env(optional_duration, "a duration, or `none`"),
-        ),
-    )
-    propagation_wait: float = field(
-        default=0.0,
-        metadata=_doc(
-            "0",
-            "minimum drain time, for endpoint removal to reach every balancer "
-            "(with `propagation_quiet`: the upper bound)",
-            Env(duration, "a duration"),
-        ),
-    )
-    propagation_quiet: float | None = field(
-        default=None,
-        metadata=_doc(
-            "env `GRACEFUL_PROPAGATION_QUIET`, else none",
-            "end the propagation wait early once no new request has arrived for this long (see below)",
-            Env(optional_duration, "a duration, or `none`"),
-        ),
-    )
-    admit_during_propagation: bool = field(
-        default=True,
-        metadata=_doc(
-            "True",
-            "keep admitting until the propagation wait ends; False refuses from the drain's first instant (see below)",
-            Env(flag, "`1`/`0` (also `true`/`false`, `yes`/`no`, `on`/`off`)"),
-        ),
-    )
-    handoff_streams: bool = field(
-        default=False,
-        metadata=_doc(
-            "env `GRACEFUL_HANDOFF_STREAMS`, else False",
-            "once the propagation wait has passed, end resumable SSE streams at once with the final event, "
-            "for the client to continue elsewhere (see [Resumable streams](resume.md))",
-            Env(flag, "`1`/`0`"),
-        ),
-    )
-    on_drain_start: Hook | None = field(
-        default=None,
-        metadata=_doc(
-            "none",
-            "async hooks (deregister, flush audit data); cut off when they overrun",
-            Env(named_object, "`module:function`, imported"),
-        ),
-    )
-    on_drained: Hook | None = field(
-        default=None,
-        metadata=_doc(
-            "none",
-            "async hooks (deregister, flush audit data); cut off when they overrun",
-            Env(named_object, "`module:function`, imported"),
-        ),
-    )
-    hook_timeout: float = field(
-        default=5.0,
-        metadata=_doc(
-            "5 s", "how long `on_drained` may take (never past deadline + reserve/2)", Env(duration, "a duration")
-        ),
-    )
-    unwind_timeout: float = field(
-        default=2.0,
-        metadata=_doc(
-            "2 s", "after the deadline, how long to wait for cancelled work to unwind", Env(duration, "a duration")
-        ),
-    )
-    drain_on_sigterm: bool = field(
-        default=True,
-        metadata=_doc(
-            "env `GRACEFUL_DRAIN_ON_SIGTERM`, else True",
-            "SIGTERM/SIGINT start the drain and reach the server's own handler once it has ended "
-            "(see [outside Kubernetes](outside-kubernetes.md)); False leaves them to the server",
-            Env(flag, "`1`/`0`"),
-        ),
-    )
+    grace_period: float
+    reserve: float
+    drain_timeout: float | None = None
+    propagation_wait: float = 0.0
+    propagation_quiet: float | None = None
+    admit_during_propagation: bool = True
+    handoff_streams: bool = False
+    on_drain_start: Hook | None = None
+    on_drained: Hook | None = None
+    hook_timeout: float = 5.0
+    unwind_timeout: float = 2.0
+    drain_on_sigterm: bool = True
 
     @classmethod
     def resolve(cls, **options: Any) -> DrainConfig:
@@ -202,8 +116,76 @@ class DrainConfig:
         return wait, quiet, limit
 
 
-# The option names, in the order of the table.
-OPTION_DOCS: dict[str, tuple[str, str]] = {f.name: f.metadata["doc"] for f in dataclasses.fields(DrainConfig)}
+# Each drain option, declared once: its row of the option table in docs/middleware.md (default,
+# meaning; a test holds the page to it) and how its GRACEFUL_* variable is read. DrainConfig's
+# fields are the same names, in the same order.
+_DECLARED: dict[str, tuple[str, str, Env]] = {
+    "grace_period": (
+        "env `GRACEFUL_GRACE_PERIOD`, else 30",
+        "the pod's `terminationGracePeriodSeconds`",
+        Env(duration, "a duration (`120`, `2m`)"),
+    ),
+    "reserve": (
+        "30% of grace, ≥ 10 s",
+        "left after the deadline for sidecars, log flush and exit",
+        Env(duration, "a duration"),
+    ),
+    "drain_timeout": (
+        "none",
+        "an upper bound on the drain, below `grace_period − reserve`",
+        Env(optional_duration, "a duration, or `none`"),
+    ),
+    "propagation_wait": (
+        "0",
+        "minimum drain time, for endpoint removal to reach every balancer (with `propagation_quiet`: the upper bound)",
+        Env(duration, "a duration"),
+    ),
+    "propagation_quiet": (
+        "env `GRACEFUL_PROPAGATION_QUIET`, else none",
+        "end the propagation wait early once no new request has arrived for this long (see below)",
+        Env(optional_duration, "a duration, or `none`"),
+    ),
+    "admit_during_propagation": (
+        "True",
+        "keep admitting until the propagation wait ends; False refuses from the drain's first instant (see below)",
+        Env(flag, "`1`/`0` (also `true`/`false`, `yes`/`no`, `on`/`off`)"),
+    ),
+    "handoff_streams": (
+        "env `GRACEFUL_HANDOFF_STREAMS`, else False",
+        "once the propagation wait has passed, end resumable SSE streams at once with the final event, "
+        "for the client to continue elsewhere (see [Resumable streams](resume.md))",
+        Env(flag, "`1`/`0`"),
+    ),
+    "on_drain_start": (
+        "none",
+        "async hooks (deregister, flush audit data); cut off when they overrun",
+        Env(named_object, "`module:function`, imported"),
+    ),
+    "on_drained": (
+        "none",
+        "async hooks (deregister, flush audit data); cut off when they overrun",
+        Env(named_object, "`module:function`, imported"),
+    ),
+    "hook_timeout": (
+        "5 s",
+        "how long `on_drained` may take (never past deadline + reserve/2)",
+        Env(duration, "a duration"),
+    ),
+    "unwind_timeout": (
+        "2 s",
+        "after the deadline, how long to wait for cancelled work to unwind",
+        Env(duration, "a duration"),
+    ),
+    "drain_on_sigterm": (
+        "env `GRACEFUL_DRAIN_ON_SIGTERM`, else True",
+        "SIGTERM/SIGINT start the drain and reach the server's own handler once it has ended "
+        "(see [outside Kubernetes](outside-kubernetes.md)); False leaves them to the server",
+        Env(flag, "`1`/`0`"),
+    ),
+}
+OPTION_DOCS: dict[str, tuple[str, str]] = {
+    name: (default, meaning) for name, (default, meaning, _) in _DECLARED.items()
+}
 DRAIN_OPTIONS = frozenset(OPTION_DOCS)
 # How each option's GRACEFUL_* variable is read, in the same order.
-DRAIN_ENVIRON: dict[str, Env] = {f.name: f.metadata["env"] for f in dataclasses.fields(DrainConfig)}
+DRAIN_ENVIRON: dict[str, Env] = {name: env for name, (_, _, env) in _DECLARED.items()}
