@@ -42,7 +42,7 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
     lifecycle = shared.lifecycle
     services = _Services(shared)
     stopped = False  # the app said its lifespan ended (shutdown complete, or a failure)
-    error: Exception | None = None
+    error: BaseException | None = None
     lifecycle.running += 1
     try:
         async with anyio.create_task_group() as tg:
@@ -88,9 +88,12 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
                         "the app's lifespan returned before the server's shutdown: graceful's admin socket and "
                         "SIGTERM drain end with it; keep the lifespan running until lifespan.shutdown"
                     )
-            except Exception as exc:
+            except anyio.get_cancelled_exc_class():
+                raise  # the server cancelling the lifespan: the task group's to handle
+            except BaseException as exc:
                 # Raised again below, outside the task group, which would wrap it in an
-                # ExceptionGroup: the server must see the app's own exception, as unwrapped.
+                # ExceptionGroup: the server must see the app's own exception (SystemExit and
+                # KeyboardInterrupt too), as unwrapped.
                 error = exc
             finally:
                 await services.stop()

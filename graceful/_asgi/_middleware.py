@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from .._drain._environ import UNSET
-from .._drain._ledger import ERROR
+from .._drain._ledger import ERROR, NO_LIMIT
 from .._drain._options import DRAIN_OPTIONS
 from .._drain._state import Drain
 from .._drain._status import SERVING, State
@@ -106,7 +106,7 @@ class GracefulMiddleware:
         self.drain = drain
         self.admissions = drain.admissions()  # the ledger's table, admitted into inline (see __call__)
         self.live_check = options.live_check
-        self.max_in_flight = options.max_in_flight if options.max_in_flight is not None else 1 << 62
+        self.max_in_flight = options.max_in_flight if options.max_in_flight is not None else NO_LIMIT
         # None for no limit: the admission check is then one identity test (a comparison with a
         # large "no limit" int is not one of the interpreter's fast paths).
         self.reject_over = options.reject_over
@@ -229,7 +229,7 @@ class GracefulMiddleware:
                 not drain.admit_arrival(scope.get("client"))
                 # Once streams are handed off, a resumable one would be handed off as soon as it
                 # started (it comes on a kept-alive connection): its client goes elsewhere at once.
-                or (drain.handing_off and resumable(scope))
+                or (drain.handing_off and scope["type"] == "http" and resumable(scope))
             ):
                 return REFUSAL[drain.state]
         limit = self.reject_over

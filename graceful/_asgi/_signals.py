@@ -26,6 +26,8 @@ import signal
 import socket
 import sys
 import threading
+import time
+import types
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -49,7 +51,7 @@ class SignalDrain:
         self.drain = drain
         self.received: list[int] = []  # signals taken from the server and not yet handed on
         self._restore: list[Callable[[], None]] = []
-        self._call_soon: Callable[[Callable[[int], None], int], object] | None = None
+        self._call_soon: Callable[..., object] | None = None
         self._signalled = anyio.Event()
         self._forced = anyio.Event()
         self._stops = StopSignals()
@@ -178,15 +180,16 @@ class SignalDrain:
         return True
 
     def _on_os_signal(self, sig: int, frame: FrameType | None) -> None:
-        # Runs between two bytecodes of whatever the main thread was doing: only hand over.
+        # Runs between two bytecodes of whatever the main thread was doing: only hand over, with
+        # the time it arrived (the repeat window is judged by it).
         assert self._call_soon is not None
-        self._call_soon(self._on_signal, sig)
+        self._call_soon(self._on_signal, sig, time.monotonic())
 
-    def _on_signal(self, sig: int) -> None:
+    def _on_signal(self, sig: int, at: float | None = None) -> None:
         if self._handed_on:  # caught just before the server got its handlers back: pass it on
             signal.raise_signal(sig)
             return
-        meaning = self._stops.received(sig)
+        meaning = self._stops.received(sig, at)
         if meaning is FIRST:
             self.received.append(sig)
             self._signalled.set()
@@ -277,17 +280,22 @@ class _SeeThrough:
     def handle(self, sig: int, frame: FrameType | None) -> None:
         self.on_signal(sig, frame)
 
+    def _owner(self) -> object:
+        """The object whose method the previous handler is; None for a function (a builtin's is its module)."""
+        owner = getattr(object.__getattribute__(self, "previous"), "__self__", None)
+        return None if isinstance(owner, types.ModuleType) else owner
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in _SeeThrough.__slots__:  # not forwarded (nor unset slots)
             raise AttributeError(name)
-        owner = getattr(self.previous, "__self__", None)
+        owner = self._owner()
         if owner is None:
             raise AttributeError(name)
         return getattr(owner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        owner = getattr(self.previous, "__self__", None)
-        if owner is None or name.startswith("__") or name in _SeeThrough.__slots__:
+        owner = None if name.startswith("__") or name in _SeeThrough.__slots__ else self._owner()
+        if owner is None:
             raise AttributeError(f"cannot set {name!r} on graceful's SIGTERM handler")
         setattr(owner, name, value)
 
@@ -332,12 +340,12 @@ def _owned_by_loop(handler: object) -> bool:
     return owner is not None and isinstance(owner, asyncio.AbstractEventLoop)
 
 
-def _signal_safe_call_soon() -> Callable[[Callable[[int], None], int], object]:
+def _signal_safe_call_soon() -> Callable[..., object]:
     """How to run a callback in this event loop from a signal handler."""
     try:
         return asyncio.get_running_loop().call_soon_threadsafe
     except RuntimeError:
         # anyio's other backend: trio runs us, so it is loaded (graceful does not depend on it).
         trio = sys.modules["trio"]
-        call_soon: Callable[[Callable[[int], None], int], object] = trio.lowlevel.current_trio_token().run_sync_soon
+        call_soon: Callable[..., object] = trio.lowlevel.current_trio_token().run_sync_soon
         return call_soon

@@ -37,8 +37,9 @@ class StopSignals:
     def __init__(self) -> None:
         self.first_at: float | None = None
 
-    def received(self, sig: int) -> Meaning:
-        now = time.monotonic()
+    def received(self, sig: int, at: float | None = None) -> Meaning:
+        """What ``sig`` means; ``at`` is when it arrived (``time.monotonic()``), if it is handled later."""
+        now = time.monotonic() if at is None else at
         if self.first_at is None:
             self.first_at = now
             return FIRST

@@ -61,7 +61,8 @@ class Budget:
         longer than a configured ``propagation_wait``. With no ``propagation_wait``
         here (0), the quiet rule waits for a drain request that brings one.
         ``from_variables`` maps the options that a caller read from their variables
-        to the text they held, so that errors name the variable.
+        to the text they held, so that the quiet rule's errors name the variable (the
+        readers of the variables name it in their own errors).
         """
         sources = {} if from_variables is None else from_variables
         grace = resolve_grace(grace_period)

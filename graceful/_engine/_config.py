@@ -160,7 +160,7 @@ class EngineConfig:
                 "within seconds, and a long hold eats the grace period: use 30s or less"
             )
         share = self.grace_share
-        if share is not None and not (isinstance(share, float | int) and 0 < share <= 1):
+        if share is not None and (isinstance(share, bool) or not (isinstance(share, float | int) and 0 < share <= 1)):
             raise ConfigError(f"grace_share: {share!r} must be a fraction of the grace period, above 0 and at most 1")
         wait = parse_duration(self.propagation_wait, name="propagation-wait")
         limit = self.limit
@@ -193,10 +193,13 @@ class EngineConfig:
 
 def engine_limit(timeout: float | None, grace_period: float | None, grace_share: float | None = None) -> float:
     """Engine mode's budget: the drain's rule, ``min(timeout, grace_period - reserve)`` with the
-    default reserve and Kubernetes' default 30 s grace period when none is known, as a graceful
-    server's drain takes it; with ``grace_share``, kthena's hook rule (``effective_wait``) instead."""
+    default reserve, as a graceful server's drain takes it; the timeout alone when only it is
+    given, and Kubernetes' default 30 s grace period when neither is. With ``grace_share``,
+    kthena's hook rule (``effective_wait``) instead."""
     if grace_share is not None:
         return effective_wait(timeout, grace_period, grace_share)
+    if grace_period is None and timeout is not None:
+        return timeout  # as the server-mode hook: no grace period given, none is assumed against the timeout
     grace = DEFAULT_GRACE_PERIOD if grace_period is None else grace_period
     return drain_limit(grace, default_reserve(grace), timeout)
 

@@ -17,6 +17,7 @@ import logging.config
 import os
 import signal
 import threading
+import time
 from collections.abc import Generator
 from types import FrameType
 from typing import Any
@@ -89,12 +90,12 @@ class GracefulServer(uvicorn.Server):
         if self._loop is None:
             self.should_exit = True
             return
-        self._loop.call_soon_threadsafe(self._on_signal, sig)
+        self._loop.call_soon_threadsafe(self._on_signal, sig, time.monotonic())
 
-    def _on_signal(self, sig: int) -> None:
+    def _on_signal(self, sig: int, at: float | None = None) -> None:
         name = signal.Signals(sig).name
         self.signals_received += 1
-        meaning = self._stops.received(sig)
+        meaning = self._stops.received(sig, at)
         if meaning is FORCE:
             self.forced_exits += 1
             logger.warning("second signal (%s): forcing exit with %d request(s) in flight", name, self.drain.in_flight)
@@ -200,6 +201,15 @@ class _Supervisor(Multiprocess):
         self.forced_exits = 0
         self._stops = StopSignals()
         self._drainer: threading.Thread | None = None
+        # uvicorn's supervisor queues signals and handles them every 0.5 s: the repeat window is
+        # judged by when each arrived, so a duplicate that straddles a check is still a repeat.
+        self._arrivals: list[float] = []
+        for sig in HANDLED_SIGNALS:
+            signal.signal(sig, self._queue_signal)
+
+    def _queue_signal(self, sig: int, frame: FrameType | None) -> None:
+        self._arrivals.append(time.monotonic())
+        self.signal_queue.append(sig)
 
     def handle_term(self) -> None:
         self._on_signal(signal.SIGTERM)
@@ -209,7 +219,7 @@ class _Supervisor(Multiprocess):
 
     def _on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
-        meaning = self._stops.received(sig)
+        meaning = self._stops.received(sig, self._arrivals.pop(0) if self._arrivals else None)
         if meaning is FORCE:
             self.forced_exits += 1
             logger.warning("second signal (%s): killing %d worker(s) now", name, len(self.processes))

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.anyio
 
 Shape = Callable[[Scope, Receive, Send], Awaitable[None]]
 BOOM = RuntimeError("the app's own error")
+EXIT = SystemExit(3)  # sys.exit() in a startup handler: not an Exception, still the app's own
 
 
 async def never_reads(scope: Scope, receive: Receive, send: Send) -> None:
@@ -57,6 +58,11 @@ async def raises_at_shutdown(scope: Scope, receive: Receive, send: Send) -> None
     raise BOOM
 
 
+async def exits_in_startup(scope: Scope, receive: Receive, send: Send) -> None:
+    await receive()
+    raise EXIT
+
+
 async def sends_startup_twice(scope: Scope, receive: Receive, send: Send) -> None:
     await receive()
     await send({"type": "lifespan.startup.complete"})
@@ -84,6 +90,7 @@ SHAPES = [
     raises_at_once,
     raises_after_startup,
     raises_at_shutdown,
+    exits_in_startup,
     sends_startup_twice,
     shutdown_without_startup,
     complete,
@@ -127,7 +134,7 @@ async def drive(app: ASGIApp) -> tuple[list[str], object]:
     with anyio.fail_after(5):  # an extra wait of graceful's own would hang here
         try:
             await app(scope, receive, send)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             ended = exc
     return sent, ended
 
@@ -142,8 +149,8 @@ async def test_each_lifespan_shape_ends_as_unwrapped(
     unwrapped = await drive(as_lifespan_app(shape))
     wrapped = await drive(GracefulMiddleware(as_lifespan_app(shape), registry=registry))
     assert wrapped == unwrapped
-    if isinstance(unwrapped[1], Exception):
-        assert wrapped[1] is BOOM
+    if isinstance(unwrapped[1], BaseException):
+        assert wrapped[1] is unwrapped[1]
 
 
 @pytest.mark.parametrize("shape", [never_reads, reads_startup_and_returns, returns_after_startup])

@@ -539,3 +539,32 @@ async def test_exit_requested_before_the_loop_runs(registry: CollectorRegistry) 
         await server.serve()
     assert server.signals_received == 0
     assert mw.drain.counters()["drains"] == {}
+
+
+def test_the_repeat_window_counts_from_each_signals_arrival(socket_dir: str) -> None:
+    """uvicorn's supervisor handles its queued signals every 0.5 s, the repeat window's length: a
+    duplicate that arrives 0.1 s after the first but straddles a check is still the same stop."""
+    from graceful._asgi._stop import FIRST, FORCE, REPEAT, StopSignals
+    from graceful._serve._server import _Supervisor
+
+    stops = StopSignals()
+    assert stops.received(signal.SIGTERM, at=100.0) is FIRST
+    assert stops.received(signal.SIGTERM, at=100.1) is REPEAT  # however late it is handled
+    assert stops.received(signal.SIGTERM, at=100.6) is FORCE
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        supervisor = _Supervisor(uvicorn.Config("tests.apps.streaming:app"), [], socket_dir)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        handler(signal.SIGTERM, None)  # the first arrives, and is handled at a check
+        supervisor.handle_signals()
+        handler(signal.SIGTERM, None)  # the duplicate arrives just after that check
+        assert supervisor.signal_queue == [signal.SIGTERM]
+        time.sleep(REPEAT_WINDOW + 0.1)  # the scenario: it is handled a check later
+        supervisor.handle_signals()
+        assert supervisor.forced_exits == 0  # the same stop: no worker killed
+        assert supervisor.should_exit.wait(5)  # the first one's drain (no workers here) ended
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)
