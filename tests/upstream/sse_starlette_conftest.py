@@ -7,7 +7,8 @@ test files ask of their fixtures (sse-starlette 3.7.1's ``tests/test_sse.py``,
 ``tests/test_issue167.py`` and the tests that reset its shutdown state):
 
 - ``app``: a Starlette app with a lifespan, ``/`` answering ``Hello, world!`` and ``/endless``
-  streaming an event every 0.3 s until the client leaves;
+  streaming an event every 0.3 s until the client leaves, which it logs ("Disconnected from
+  client");
 - ``httpx_client``: an ``httpx2.AsyncClient`` on that app (the suite's own HTTP client);
 - ``anyio_backend``: asyncio only;
 - an autouse reset of sse-starlette's process-wide shutdown state (``AppStatus`` and the
@@ -17,6 +18,7 @@ test files ask of their fixtures (sse-starlette 3.7.1's ``tests/test_sse.py``,
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
@@ -29,6 +31,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+
+_log = logging.getLogger(__name__)
 
 
 def _reset_sse_shutdown_state(should_exit: bool) -> None:
@@ -63,9 +67,14 @@ async def app() -> AsyncIterator[Starlette]:
 
     async def endless(request: Request) -> EventSourceResponse:
         async def numbers() -> AsyncIterator[dict[str, int]]:
-            for number in itertools.count(1):
-                yield {"data": number}
-                await anyio.sleep(0.3)
+            try:
+                for number in itertools.count(1):
+                    yield {"data": number}
+                    await anyio.sleep(0.3)
+            except anyio.get_cancelled_exc_class():
+                # test_disconnect_whenClientDisconnects_thenHandlesGracefully looks for this line.
+                _log.info("Disconnected from client %s", request.client)
+                raise
 
         return EventSourceResponse(numbers())
 
