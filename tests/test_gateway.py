@@ -184,8 +184,8 @@ async def test_refusals_during_a_drain(kind: str, gateway_retry: bool) -> None:
     4. with the documented retry config: every request ends 200 (retried on b); without it:
     the only failures are explicit 503s marked x-graceful-not-started: 1."""
     async with (
-        replica("a", admit_during_propagation=False, propagation_wait=30) as a,
-        replica("b", admit_during_propagation=False, propagation_wait=30) as b,
+        replica("a", admit_during_propagation=False, propagation_wait=20) as a,
+        replica("b", admit_during_propagation=False, propagation_wait=20) as b,
         open_balancer(kind, gateway_retry=gateway_retry) as balancer,
     ):
         await balancer.add("a", a.port)
@@ -275,7 +275,7 @@ async def test_observed_propagation_ends_one_quiet_period_after_the_balancer_for
         with anyio.fail_after(20):
             async with anyio.create_task_group() as drain:
                 t0 = anyio.current_time()
-                drain.start_soon(partial(a.app.drain.drain, reason="prestop", propagation_wait=30, propagation_quiet=2))
+                drain.start_soon(partial(a.app.drain.drain, reason="prestop", propagation_wait=20, propagation_quiet=2))
                 await anyio.sleep(3.0)  # the balancer's delay: part of the scenario
                 await balancer.remove("a")
                 # An nginx reload takes a moment, longer on a busy machine: the bound counts

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from graceful import ConfigError
+from graceful import Budget, ConfigError
 from graceful.soak import RequestRecord, SoakConfig, SoakReport, run_soak
 
 from .balancer import L7_BALANCERS, Nginx, open_balancer
@@ -172,6 +172,10 @@ class Options:
             raise ConfigError(f"--grace-period: {self.grace_period!r} must be above 0, e.g. 30s")
         if self.reserve is not None and self.reserve >= self.grace_period:
             raise ConfigError(f"reserve {self.reserve!r} is not below --grace-period {self.grace_period!r}")
+        try:  # the budget rule the replicas apply at start-up (docs/middleware.md, "The budget rule")
+            Budget.resolve(grace_period=self.grace_period, reserve=self.reserve, propagation_wait=self.propagation_wait)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (here: --propagation-wait and --grace-period)") from None
         if self.propagation_quiet is not None and not 0 < self.propagation_quiet <= self.propagation_wait:
             raise ConfigError(
                 f"--propagation-quiet {self.propagation_quiet:g}s must be above 0 and no longer than "

@@ -304,7 +304,7 @@ class WorkerDrain:
         self.result = result
         self.error = error
         self.reachable = reachable
-        self.lines: list[dict[str, Any]] = []
+        self.refused = False  # the server answered 400: it judged the drain's options wrong
 
     @property
     def done(self) -> bool:
@@ -328,13 +328,8 @@ def drain_all(
     Blocks until every worker has sent its final line, until the drain's own limit plus a
     margin has passed, or until a worker has sent nothing for ``_DRAIN_SILENCE`` seconds.
     """
-    params: dict[str, str] = {"reason": reason}
-    if propagation_wait is not None:
-        params["propagation_wait"] = f"{propagation_wait}s"
-    if propagation_quiet is not None:
-        params["propagation_quiet"] = f"{propagation_quiet}s"
-    if timeout is not None:
-        params["timeout"] = f"{timeout}s"
+    given = {"propagation_wait": propagation_wait, "propagation_quiet": propagation_quiet, "timeout": timeout}
+    params = {"reason": reason, **{name: f"{value}s" for name, value in given.items() if value is not None}}
     workers = {path: WorkerDrain(path) for path in paths}
     limit = None if timeout is None else max(timeout, propagation_wait or 0.0) + _CLIENT_SLACK
     opened: list[_socket.socket] = []
@@ -345,7 +340,8 @@ def drain_all(
             answer = _exchange(path, "POST", "/drain?" + _query(params), None, opened, _DRAIN_SILENCE)
             if answer.status != 200:
                 body = answer.body().decode(errors="replace").strip()
-                worker.error = f"HTTP {answer.status}: {body}"
+                worker.refused = answer.status == 400  # the server judged the options wrong: no drain began
+                worker.error = _error_text(body) if worker.refused else f"HTTP {answer.status}: {body}"
                 return
             for line in answer.lines():
                 if line.strip():
@@ -360,13 +356,9 @@ def drain_all(
         if worker.result is None and not given_up.is_set():
             worker.error = "the server closed the connection before the drain ended"
 
-    def tick() -> None:
-        if on_tick is not None:
-            on_tick(list(workers.values()))
-
     given_up = threading.Event()
     try:
-        _in_threads(one, paths, limit, tick)
+        _in_threads(one, paths, limit, lambda: on_tick(list(workers.values())) if on_tick is not None else None)
     finally:
         given_up.set()
         for worker in workers.values():
@@ -397,3 +389,11 @@ def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
         worker.handed_off = int(line.get("handed_off") or 0)
         worker.deadline = line.get("deadline", worker.deadline)
         worker.result = line
+
+
+def _error_text(body: str) -> str:
+    """The message of a JSON answer ``{"error": "..."}`` (a 400's), else the body as it came."""
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, LookupError, TypeError):
+        return body

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 
 from .._admin._client import NoServer, WorkerDrain, discover, drain_all
-from .._drain._durations import check_quiet, drain_limit, parse_duration, resolve_grace, resolve_reserve
+from .._drain._durations import check_quiet, check_wait, drain_limit, parse_duration, resolve_grace, resolve_reserve
 from .._drain._errors import ConfigError
 
 # typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
@@ -131,27 +131,31 @@ def run_drain(
             check_quiet(propagation_quiet, math.inf if propagation_wait is None else propagation_wait)
         except ConfigError as exc:
             raise UsageProblem(str(exc)) from None
+    grace_binds = False
     if grace_period is not None:
         # The preStop hook shares terminationGracePeriodSeconds with everything after it:
         # the drain gets grace_period - reserve at most (the same rule as the server's).
         try:
             grace = resolve_grace(grace_period)
+            given_timeout = timeout
             timeout = drain_limit(grace, resolve_reserve(grace, None), timeout)
+            grace_binds = given_timeout is None or timeout < given_timeout
         except ConfigError as exc:
             raise UsageProblem(str(exc)) from None
-    if propagation_wait is not None and timeout is not None and propagation_wait > timeout:
-        # The deadline would come before the balancers have stopped sending: no drain can succeed.
-        if grace_period is not None:
+    if propagation_wait is not None and timeout is not None:
+        # The budget rule, the server's own (check_wait): the deadline would come before the
+        # balancers have stopped sending, so no drain can succeed.
+        if grace_period is not None and grace_binds:
             bound, fix = (
                 f"--grace-period {grace_period:g}s leaves the drain {timeout:g}s after the reserve",
                 "--grace-period",
             )
         else:
             bound, fix = f"--timeout is {timeout:g}s", "--timeout"
-        raise UsageProblem(
-            f"--propagation-wait {propagation_wait:g}s is longer than the whole drain: {bound}; "
-            f"shorten --propagation-wait or raise {fix}"
-        )
+        try:
+            check_wait(propagation_wait, timeout, wait_name="--propagation-wait", bound=bound, fix=f"raise {fix}")
+        except ConfigError as exc:
+            raise UsageProblem(str(exc)) from None
     started = time.monotonic()
 
     def progress(workers: list[WorkerDrain]) -> None:
@@ -191,6 +195,8 @@ def _conclude(workers: list[WorkerDrain], started: float, *, quiet: bool, json_o
     if not quiet or not ok:
         for line in _report(live, time.monotonic() - started):
             _say(line)
+    if any(w.refused for w in live):
+        return EXIT_USAGE  # a server judged the options as this command does: no drain began there
     return EXIT_OK if ok else EXIT_LEFTOVER
 
 

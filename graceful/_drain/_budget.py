@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ._durations import (
     DEFAULT_GRACE_PERIOD,
     check_quiet,
+    check_wait,
     drain_limit,
     env_duration,
     parse_duration,
@@ -57,8 +58,9 @@ class Budget:
         ``GRACEFUL_PROPAGATION_QUIET``.
 
         Raises :class:`ConfigError` for negative or malformed values, for a reserve
-        larger than the grace period and for a ``propagation_quiet`` that is 0 or
-        longer than a configured ``propagation_wait``. With no ``propagation_wait``
+        larger than the grace period, for a ``propagation_wait`` longer than the limit
+        (``check_wait``) and for a ``propagation_quiet`` that is 0 or longer than a
+        configured ``propagation_wait``. With no ``propagation_wait``
         here (0), the quiet rule waits for a drain request that brings one.
         ``from_variables`` maps the options that a caller read from their variables
         to the text they held, so that the quiet rule's errors name the variable (the
@@ -83,9 +85,36 @@ class Budget:
             else:
                 given, source = propagation_quiet, ""
             check_quiet(quiet, wait if wait > 0 else math.inf, given=given, source=source)
-        return cls(
+        budget = cls(
             grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait, propagation_quiet=quiet
         )
+        budget.check_wait(wait, from_variables=sources)
+        return budget
+
+    def check_wait(
+        self, wait: float, *, timeout: float | None = None, from_variables: Mapping[str, str] | None = None
+    ) -> float:
+        """The budget rule (``check_wait``) for a wait, against this budget's limit shortened by a
+        drain's own ``timeout``; returns that limit. Raises :class:`ConfigError` naming the option
+        (and its variable, for those in ``from_variables``) that sets the bound."""
+        sources = {} if from_variables is None else from_variables
+
+        def name(option: str) -> str:
+            return f"{option} ({variable(option)})" if option in sources else option
+
+        limit = self.limit if timeout is None else min(self.limit, timeout)
+        if timeout is not None and timeout <= self.limit:
+            bound, fix = f"this drain's timeout is {timeout:g}s", "raise the timeout"
+        elif self.drain_timeout is not None and self.drain_timeout <= self.grace_period - self.reserve:
+            bound, fix = f"{name('drain_timeout')} is {self.drain_timeout:g}s", f"raise {name('drain_timeout')}"
+        else:
+            bound = (
+                f"{name('grace_period')} {self.grace_period:g}s leaves the drain {self.grace_period - self.reserve:g}s "
+                f"after the reserve {self.reserve:g}s"
+            )
+            fix = f"raise {name('grace_period')}, the pod's terminationGracePeriodSeconds"
+        check_wait(wait, limit, wait_name=name("propagation_wait"), bound=bound, fix=fix)
+        return limit
 
     @property
     def limit(self) -> float:
@@ -107,14 +136,10 @@ class Budget:
         return max(0.0, self.limit - self.propagation_wait) / 2
 
     def problems(self, *, admit: bool = False) -> list[str]:
-        """Arithmetic that does not add up, worded for a warning log line."""
-        room = self.grace_period - self.reserve
-        if self.propagation_wait > room:
-            return [
-                f"propagation_wait {self.propagation_wait:g}s does not fit in grace_period "
-                f"{self.grace_period:g}s - reserve {self.reserve:g}s = {room:g}s; "
-                "raise terminationGracePeriodSeconds or shorten the propagation wait"
-            ]
+        """Arithmetic that works but covers less than it seems, worded for a warning log line.
+
+        A wait that does not fit at all is not a warning: ``resolve`` raises (``check_wait``).
+        """
         if admit and self.propagation_wait > 0 and self.propagation_wait >= self.limit:
             return [
                 f"admit mode: propagation_wait {self.propagation_wait:g}s leaves nothing of the drain limit "

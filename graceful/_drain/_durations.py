@@ -16,6 +16,7 @@ from ._errors import ConfigError
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "check_quiet",
+    "check_wait",
     "default_reserve",
     "drain_limit",
     "env_duration",
@@ -92,6 +93,22 @@ def check_quiet(quiet: float, wait: float, *, given: object = None, source: str 
         raise ConfigError(
             f"propagation_quiet {quiet:g}s{origin} is longer than propagation_wait {wait:g}s, its upper bound; "
             f"raise propagation_wait to at least {quiet:g}s (e.g. --propagation-wait 30s) or shorten propagation_quiet"
+        )
+
+
+def check_wait(wait: float, limit: float, *, wait_name: str, bound: str, fix: str) -> None:
+    """The budget rule: a propagation wait longer than the drain's limit cannot work.
+
+    The deadline would end every request in flight while the balancers may still be
+    sending. One verdict wherever a wait meets a limit: the server's options (at
+    start-up), a drain's overrides (before it begins, state untouched) and the
+    preStop hook's flags (exit 2) all raise :class:`ConfigError` here. ``wait_name``
+    is how the caller's user wrote the wait (``propagation_wait``, ``--propagation-wait``),
+    ``bound`` where the limit comes from and ``fix`` the other way out.
+    """
+    if wait > limit:
+        raise ConfigError(
+            f"{wait_name} {wait:g}s is longer than the whole drain: {bound}; shorten {wait_name} or {fix}"
         )
 
 

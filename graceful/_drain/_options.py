@@ -110,9 +110,9 @@ class DrainConfig:
         if propagation_quiet is not None:
             quiet = parse_duration(propagation_quiet, name="propagation_quiet")
             check_quiet(quiet, wait, given=propagation_quiet)
-        limit = self.budget.limit
-        if timeout is not None:
-            limit = min(limit, parse_duration(timeout, name="timeout"))
+        limit = self.budget.check_wait(
+            wait, timeout=None if timeout is None else parse_duration(timeout, name="timeout")
+        )
         return wait, quiet, limit
 
 

@@ -155,10 +155,6 @@ class Drain(Ledger):
             return False
         self._start(DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit))
         self._transition(DRAINING, reason)
-        if wait > limit:
-            logger.warning(
-                "propagation wait %.1fs is longer than the drain limit %.1fs; the deadline comes first", wait, limit
-            )
         return True
 
     def check_overrides(

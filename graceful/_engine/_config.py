@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from .._drain._durations import DEFAULT_GRACE_PERIOD, default_reserve, drain_limit, parse_duration
+from .._drain._durations import DEFAULT_GRACE_PERIOD, check_wait, default_reserve, drain_limit, parse_duration
 from .._drain._errors import ConfigError
 from ._page import parse_metric
 from ._presets import PRESETS, EnginePreset
@@ -164,12 +164,14 @@ class EngineConfig:
             raise ConfigError(f"grace_share: {share!r} must be a fraction of the grace period, above 0 and at most 1")
         wait = parse_duration(self.propagation_wait, name="propagation-wait")
         limit = self.limit
-        if wait >= limit:
-            rule = "grace period - reserve" if share is None else f"{share:.0%} of the grace period"
-            raise ConfigError(
-                f"propagation-wait: {self.propagation_wait!r} does not fit in the {limit:g}s budget "
-                f"(min(timeout, {rule})); shorten it or raise the grace period"
-            )
+        rule = "grace period - reserve" if share is None else f"{share:.0%} of the grace period"
+        check_wait(
+            wait,
+            limit,
+            wait_name="propagation-wait",
+            bound=f"the {limit:g}s budget, min(timeout, {rule})",
+            fix="raise the grace period or the timeout",
+        )
         for name, value in (
             ("preset", preset),
             ("metrics", names),

@@ -72,7 +72,7 @@ def refusing_server(http: str, state: str) -> Iterator[int]:
         time.sleep(0.005)  # uvicorn offers a flag, not an event
     assert server.started, "uvicorn did not start"
     if state == "draining":
-        mw.drain.begin_drain("test", propagation_wait=600)
+        mw.drain.begin_drain("test", propagation_wait=20)
     try:
         yield port
     finally:

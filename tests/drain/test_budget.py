@@ -84,11 +84,10 @@ def test_budget_refuses_invalid_values(options: dict[str, object], needle: str) 
         Budget.resolve(**options)  # type: ignore[arg-type]
 
 
-def test_propagation_wait_that_does_not_fit_is_warned_with_arithmetic(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="graceful"):
+def test_propagation_wait_that_does_not_fit_is_refused_with_arithmetic() -> None:
+    with pytest.raises(ConfigError) as caught:
         Drain(grace_period=30, reserve=10, propagation_wait="25s")
-    [record] = [r for r in caplog.records if "propagation_wait" in r.getMessage()]
-    assert "25s" in record.getMessage() and "30s" in record.getMessage() and "20s" in record.getMessage()
+    assert "25s" in str(caught.value) and "30s" in str(caught.value) and "20s" in str(caught.value)
 
 
 def test_fitting_budget_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
@@ -213,16 +212,18 @@ def test_default_name_in_a_duration_error() -> None:
 
 
 def test_longest_covered_is_never_negative() -> None:
-    budget = Budget.resolve(grace_period=30, reserve=10, drain_timeout=5, propagation_wait=8)
+    budget = Budget.resolve(grace_period=30, reserve=10, drain_timeout=5, propagation_wait=5)
     assert budget.longest_covered(admit=True) == 0.0
 
 
 def test_problems_word_for_word() -> None:
     assert Budget.resolve(grace_period=30, reserve=10, propagation_wait=20).problems() == []  # fits exactly
-    assert Budget.resolve(grace_period=30, reserve=10, propagation_wait=25).problems() == [
-        "propagation_wait 25s does not fit in grace_period 30s - reserve 10s = 20s; "
-        "raise terminationGracePeriodSeconds or shorten the propagation wait"
-    ]
+    with pytest.raises(ConfigError) as caught:
+        Budget.resolve(grace_period=30, reserve=10, propagation_wait=25)
+    assert str(caught.value) == (
+        "propagation_wait 25s is longer than the whole drain: grace_period 30s leaves the drain 20s after the "
+        "reserve 10s; shorten propagation_wait or raise grace_period, the pod's terminationGracePeriodSeconds"
+    )
     # No wait in admit mode: nothing to warn about, even with no drain time at all.
     assert Budget.resolve(grace_period=30, reserve=10, drain_timeout=0).problems(admit=True) == []
     assert Budget.resolve(grace_period=30, reserve=10, drain_timeout=0.5, propagation_wait=0.5).problems(

@@ -216,15 +216,22 @@ async def test_a_configured_quiet_period_applies_to_begin_drain() -> None:
     assert result.propagation is not None and result.propagation < 2.0
 
 
-async def test_wait_as_long_as_the_limit_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
+async def test_wait_as_long_as_the_limit_is_taken_and_a_longer_one_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """The budget rule (docs/middleware.md, "The budget rule"): a drain whose wait is longer than
+    its limit does not begin; the state is untouched."""
     drain = serving()
     with caplog.at_level(logging.WARNING, logger="graceful"):
         drain.begin_drain("preStop", propagation_wait=2, timeout=2)
     assert messages(caplog) == []
     drain.resume()
-    with caplog.at_level(logging.WARNING, logger="graceful"):
+    before = drain.drain_run
+    with pytest.raises(ConfigError) as caught:
         drain.begin_drain("preStop", propagation_wait=3, timeout=2)
-    assert messages(caplog) == ["propagation wait 3.0s is longer than the drain limit 2.0s; the deadline comes first"]
+    assert str(caught.value) == (
+        "propagation_wait 3s is longer than the whole drain: this drain's timeout is 2s; "
+        "shorten propagation_wait or raise the timeout"
+    )
+    assert drain.state is State.SERVING and drain.drain_run is before
 
 
 async def test_resumed_run_reports_resumed_and_skips_on_drained() -> None:
@@ -490,11 +497,15 @@ async def test_a_drain_that_ends_inside_the_wait_has_no_propagation_time() -> No
         tg.start_soon(resume_soon)
         resumed = await drain.drain(propagation_wait=5, timeout=10)
     assert resumed.result == "resumed" and resumed.propagation is None
-    cut = serving()
+
+
+async def test_an_idle_drain_whose_wait_ends_at_the_deadline_is_drained() -> None:
+    """Nothing in flight when the wait and the deadline end together: "drained", nothing ended."""
+    idle = serving()
     with anyio.fail_after(5):
-        timeout = await cut.drain(propagation_wait=10, timeout=0.1)  # the deadline comes first
-    assert timeout.result == "timeout" and timeout.in_flight == 0 and timeout.propagation is None
-    assert cut.propagation_durations == []
+        result = await idle.drain(propagation_wait=0.1, timeout=0.1)
+    assert result.result == "drained" and result.in_flight == 0 and result.truncated == 0
+    assert idle.tally.drains == {"drained": 1}
 
 
 async def test_the_leader_sleeps_through_the_wait_for_work_in_flight() -> None:

@@ -308,7 +308,7 @@ def test_env_variable_none_turns_it_off(monkeypatch: pytest.MonkeyPatch, off: st
 
 async def test_metric_is_exposed_at_scrape_time(clock: FakeTime, caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
-    mw = GracefulMiddleware(ok_app, registry=registry, admin=False, propagation_wait=30, propagation_quiet=2)
+    mw = GracefulMiddleware(ok_app, registry=registry, admin=False, propagation_wait=20, propagation_quiet=2)
     mw.drain.mark_serving()
     mw.drain.begin_drain("test")
     clock.now += 1.25
@@ -340,20 +340,20 @@ def test_progress_line_shows_the_time_since_the_last_new_request() -> None:
 
 
 def test_cli_option_reaches_the_server(served: Any) -> None:
-    """`graceful drain --propagation-wait 30s --propagation-quiet 0.3s` with no traffic ends
-    far before 30 s: the quiet period reached the server; the JSON carries the outcome."""
+    """`graceful drain --propagation-wait 5s --propagation-quiet 0.3s` with no traffic ends
+    far before 5 s: the quiet period reached the server; the JSON carries the outcome."""
     from graceful._cli._main import cli
 
     result = CliRunner().invoke(
         cli,
-        ["drain", "--socket-dir", served.socket_dir, "--propagation-wait", "30s", "--propagation-quiet", "0.3s"]
+        ["drain", "--socket-dir", served.socket_dir, "--propagation-wait", "5s", "--propagation-quiet", "0.3s"]
         + ["--json"],
     )
     assert result.exit_code == 0, result.output
     outcome = json.loads(result.stdout)
     [worker] = outcome["workers"]
     assert worker["result"]["result"] == "drained"
-    assert 0.3 <= worker["result"]["duration"] < 10.0
+    assert 0.3 <= worker["result"]["duration"] < 4.0
     assert worker["result"]["propagation"] == pytest.approx(0.3) and worker["result"]["last_request"] is None
     assert "(propagation phase 0.3 s, no new request)" in result.stderr
     assert served.mw.drain.propagation_durations == [0.0]
@@ -371,12 +371,13 @@ def test_cli_refuses_quiet_longer_than_the_wait_before_draining(served: Any) -> 
 
 
 def test_server_refuses_quiet_longer_than_its_own_wait(served: Any) -> None:
-    """Without --propagation-wait the server's wait (0 here) bounds the quiet period: it answers 400."""
+    """Without --propagation-wait the server's wait (0 here) bounds the quiet period: it answers 400,
+    and the command exits 2 as for its own wrong options."""
     from graceful._cli._main import cli
 
     result = CliRunner().invoke(cli, ["drain", "--socket-dir", served.socket_dir, "--propagation-quiet", "5s"])
-    assert result.exit_code == 1, result.output
-    assert "HTTP 400" in result.stderr and "propagation_quiet 5s is longer than propagation_wait 0s" in result.stderr
+    assert result.exit_code == 2, result.output
+    assert "propagation_quiet 5s is longer than propagation_wait 0s" in result.stderr
     assert served.mw.drain.state is State.SERVING
 
 

@@ -286,7 +286,7 @@ async def test_stop_during_drain_ends_it() -> None:
     results: list[DrainResult] = []
 
     async def waiter() -> None:
-        results.append(await drain.drain(propagation_wait=30, timeout=60))
+        results.append(await drain.drain(propagation_wait=20, timeout=60))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
@@ -345,12 +345,12 @@ async def test_admits_during_the_propagation_wait_by_default() -> None:
     """The default: ready fails at once, new requests are served until the wait ends, then refused."""
     drain = serving()
     assert drain.admit_during_propagation is True
-    drain.begin_drain("test", propagation_wait=60)
+    drain.begin_drain("test", propagation_wait=20)
     assert drain.state is State.DRAINING and not drain.accepting
     assert drain.admit_arrival(("127.0.0.1", 1))
     refusing = Drain(grace_period=30, reserve=5, admit_during_propagation=False)
     refusing.mark_serving()
-    refusing.begin_drain("test", propagation_wait=60)
+    refusing.begin_drain("test", propagation_wait=20)
     assert not refusing.admit_arrival(("127.0.0.1", 1))
     ended = serving()
     ended.begin_drain("test", propagation_wait=0)

@@ -109,7 +109,7 @@ async def test_a_replica_killed_mid_stream_is_resumed_from_the_cut(tmp_path: Pat
 async def test_a_503_is_not_resumed_but_left_to_the_sdk() -> None:
     """1. the only replica drains with admit_during_propagation=False 2. a stream request gets
     its 503 3. the transport passes it through: the SDK's own retries (2) make 3 requests, no more."""
-    async with replica("a", admit_during_propagation=False, propagation_wait=30) as a, service(a) as balancer:
+    async with replica("a", admit_during_propagation=False, propagation_wait=20) as a, service(a) as balancer:
         a.app.drain.begin_drain("test")
         client = _client(f"http://127.0.0.1:{balancer.port}/v1", max_retries=2)
         async with client:

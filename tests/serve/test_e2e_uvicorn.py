@@ -100,7 +100,7 @@ async def test_keep_alive_connection_gets_connection_close_after_the_drain(regis
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=5) as client:
             before = await client.post("/short")
             assert "close" not in before.headers.get("connection", "")
-            mw.drain.begin_drain("test", propagation_wait=30)
+            mw.drain.begin_drain("test", propagation_wait=20)
             during = await client.post("/short")
     assert during.status_code == 200
     assert during.headers["connection"] == "close"
