@@ -109,6 +109,9 @@ class Splice:
         # whole answer), the events that follow are held until the end says what it was.
         self.aborted = False
         self.held: list[bytes] = []
+        # An engine's 5xx error event (its core died mid-stream) is held too: graceful's final
+        # event after it makes the stream resumable; without one it reaches the caller as sent.
+        self.failed = False
 
     # -- reading an attempt ------------------------------------------------------------
 
@@ -150,6 +153,13 @@ class Splice:
             if isinstance(error, dict) and error.get("type") == "server_shutdown":
                 self.shutdown = raw  # handed back only if the stream does not resume
                 return b""
+            if _server_failed(error) and not self.failed:
+                self.failed = True
+                self.held.append(raw)
+                return b""
+            self.blocked = "an error event"
+            return self._release() + raw
+        if self.failed:  # an answer event after the engine's error: the error stands
             self.blocked = "an error event"
             return self._release() + raw
         self.events += 1  # a complete event of the answer (graceful's final event is not one)
@@ -257,6 +267,8 @@ class Splice:
             return "cut before any complete event"
         if self.blocked is not None:
             return self.blocked
+        if self.failed and self.shutdown is None:
+            return "an error event"
         if self.in_tool_call:
             return "cut inside a tool call"
         if self.finished:
@@ -334,6 +346,7 @@ class Splice:
         self.shutdown = None
         self.held = []  # the aborted attempt's last chunks: the continuation brings the rest
         self.aborted = False
+        self.failed = False
         logger.info(
             "resuming stream %s (%s) at %s: %d bytes and %d tokens carried over (resume %d of at most %d)",
             (self.first or {}).get("id", "?"),
@@ -354,6 +367,14 @@ class Splice:
         """What to hand the caller when the stream ends without resuming: the held final event, if any."""
         final, self.shutdown = self.shutdown, None
         return self._release() + (final or b"")
+
+
+def _server_failed(error: object) -> bool:
+    """Whether an error event says the server failed (a 5xx ``code``), not the request."""
+    if not isinstance(error, dict):
+        return False
+    code = error.get("code")
+    return type(code) is int and 500 <= code <= 599
 
 
 def _event_end(buffer: bytes) -> tuple[int, int] | None:

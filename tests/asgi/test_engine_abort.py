@@ -108,3 +108,51 @@ async def test_other_streams_pass_unchanged(frames: tuple[bytes, ...], media: by
     recorder, mw = await run(sse_app(*frames, media=media))
     assert recorder.body == b"".join(frames)
     assert mw.drain.counters()["truncated"] == {}
+
+
+# An engine that fails mid-stream: vLLM's stream generators catch the error and yield
+# f"data: {self.create_streaming_error_response(e)}\n\n", then "data: [DONE]\n\n"
+# (vllm/entrypoints/openai/chat_completion/serving.py). create_streaming_error_response is
+# json.dumps(ErrorResponse(...).model_dump()) with the fields of ErrorInfo in order: message, type,
+# param, code (vllm/entrypoints/serve/engine/protocol.py). A dead engine core raises
+# EngineDeadError, a VLLMServerError, whose message and 500 are these
+# (vllm/v1/engine/exceptions.py, vllm/entrypoints/serve/exception_handling/error_response.py).
+ENGINE_DEAD = (
+    b'data: {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.", '
+    b'"type": "InternalServerError", "param": null, "code": 500}}\n\n'
+)
+# A request's own fault found mid-stream: a 400, which another replica would answer the same way.
+BAD_REQUEST = b'data: {"error": {"message": "bad grammar", "type": "BadRequestError", "param": null, "code": 400}}\n\n'
+
+
+async def test_an_engine_error_mid_stream_ends_with_the_final_frame(caplog: pytest.LogCaptureFixture) -> None:
+    """1. content, then vLLM's error event for a dead engine core, pass as sent  2. [DONE] is replaced
+    by graceful's retryable final event (resumable for a resumable request)  3. counted as
+    engine_error; the log carries the engine's own message"""
+    with caplog.at_level("WARNING", logger="graceful"):
+        recorder, mw = await run(sse_app(CONTENT, ENGINE_DEAD, DONE), headers=[(b"x-graceful-resumable", b"1")])
+    assert recorder.body.startswith(CONTENT + ENGINE_DEAD)
+    assert DONE not in recorder.body
+    error = last_event(recorder.body)["error"]
+    assert error["type"] == "server_shutdown" and error["retryable"] is True and error["resumable"] is True
+    assert mw.drain.in_flight == 0
+    assert mw.drain.counters()["truncated"] == {"engine_error": 1}
+    assert mw.drain.counters()["requests"]["error"] == 1
+    [record] = [r for r in caplog.records if "engine ended the stream" in r.getMessage()]
+    assert "500 InternalServerError: EngineCore encountered an issue" in record.getMessage()
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        (CONTENT, BAD_REQUEST, DONE),  # the request's fault: passed on as vLLM sent it
+        (CONTENT, b'data: {"error": "not an object"}\n\n', DONE),
+        (CONTENT, b'data: {"error": {"message": "m", "code": "500"}}\n\n', DONE),  # a code that is not a number
+        (CONTENT, b'data: {"error": {not json\n\n', DONE),
+    ],
+    ids=["client-error", "error-not-an-object", "code-a-string", "not-json"],
+)
+async def test_other_error_events_pass_unchanged(frames: tuple[bytes, ...]) -> None:
+    recorder, mw = await run(sse_app(*frames))
+    assert recorder.body == b"".join(frames)
+    assert mw.drain.counters()["truncated"] == {}

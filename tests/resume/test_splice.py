@@ -123,3 +123,48 @@ def test_an_abort_final_event_that_is_not_resumed_shows_everything() -> None:
     splice.feed(tail + SHUTDOWN)
     assert splice.verdict() == "max_resumes=0 reached"
     assert splice.surfaced() == tail + SHUTDOWN
+
+
+# vLLM's error event for a dead engine core (the frame of tests/asgi/test_engine_abort.py, from
+# vllm/entrypoints/openai/chat_completion/serving.py and vllm/v1/engine/exceptions.py).
+ENGINE_DEAD = (
+    b'data: {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.", '
+    b'"type": "InternalServerError", "param": null, "code": 500}}\n\n'
+)
+
+
+def test_an_engine_error_then_the_final_event_resumes() -> None:
+    """The engine died mid-stream; graceful ended the stream with its final event in place of
+    [DONE]: the error is held from the caller, the stream resumes, and the error is never shown."""
+    splice, _ = opened_chat()
+    assert splice.feed(ENGINE_DEAD) == b""
+    assert splice.feed(SHUTDOWN) == b""
+    assert splice.verdict() is None
+    splice.begin_resume("shutdown event", "http://x/v1/chat/completions")  # type: ignore[arg-type]
+    assert splice.surfaced() == b""
+
+
+def test_an_engine_error_without_graceful_reaches_the_caller_as_sent() -> None:
+    """No graceful in front: the error, then [DONE], reach the caller in order; nothing resumes."""
+    splice, _ = opened_chat()
+    assert splice.feed(ENGINE_DEAD) == b""
+    assert splice.feed(DONE) == ENGINE_DEAD + DONE
+    assert splice.verdict() == "complete"
+
+
+def test_an_engine_error_then_a_cut_is_not_resumed() -> None:
+    """The error and then the connection closed, without graceful's final event: not resumed, and
+    the caller gets the error as the server sent it."""
+    splice, _ = opened_chat()
+    splice.feed(ENGINE_DEAD)
+    assert splice.verdict() == "an error event"
+    assert splice.surfaced() == ENGINE_DEAD
+
+
+def test_a_client_error_event_is_not_held() -> None:
+    """A 400 mid-stream is the request's own fault: passed on at once, and the stream is not resumed."""
+    splice, _ = opened_chat()
+    bad = b'data: {"error": {"message": "m", "type": "BadRequestError", "param": null, "code": 400}}\n\n'
+    assert splice.feed(bad) == bad
+    splice.feed(SHUTDOWN)
+    assert splice.verdict() == "an error event"
