@@ -252,7 +252,12 @@ async def test_queued_requests_finish_during_drain_and_new_ones_are_refused(regi
             tg.start_soon(one)
             await wait_for(lambda: app.engine.running == 1 and app.engine.waiting == 1)
             app.drain.begin_drain("test")
-            refused = await http.post("/v1/completions", json={"model": "m", "prompt": "x"})
+            # From another connection: the busy ones are pinned (one more request each).
+            other = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app, client=("10.0.0.9", 9)), base_url="http://t"
+            )
+            async with other:
+                refused = await other.post("/v1/completions", json={"model": "m", "prompt": "x"})
             result = await app.drain.drain()
     assert refused.status_code == 503
     assert refused.json()["error"]["type"] == "server_draining"

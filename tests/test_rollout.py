@@ -307,10 +307,10 @@ def test_vllm_options_replicas_and_traffic(monkeypatch: pytest.MonkeyPatch) -> N
     assert "Traceback" not in result.output
 
 
-def test_vllm_strict_clients_promise_is_refuse_modes() -> None:
-    """Inside vLLM graceful is the middleware only, with no pinned connections: strict clients
-    may meet explicit not-started 503s (a connection open at drain start, after the propagation
-    wait), as in refuse mode; any other failure still breaks the promise."""
+def test_vllm_strict_clients_promise_is_the_example_servers() -> None:
+    """Inside vLLM the middleware pins the connections busy at the drain's start itself: strict
+    clients admitting during the wait keep the example server's promise, 0 failed; refusing
+    during it, explicit retryable 503s only."""
     from graceful._soak._report import Attempt, RequestRecord, SoakReport
 
     def side(*reasons: str) -> SideResult:
@@ -326,7 +326,9 @@ def test_vllm_strict_clients_promise_is_refuse_modes() -> None:
     example = Options.resolve(scenario="strict-clients", quick=True)
     vllm = replace(example, vllm=True)
     refused = side("ok", "rejected_retryable")
-    assert expectations(side_summary(refused, example), example) == ["failed=1 admitting during propagation"]
-    assert expectations(side_summary(refused, vllm), vllm) == []
+    for options in (example, vllm):
+        assert expectations(side_summary(refused, options), options) == ["failed=1 admitting during propagation"]
+        refusing = replace(options, admit_during_propagation=False)
+        assert expectations(side_summary(refused, refusing), refusing) == []
     broken = expectations(side_summary(side("ok", "rejected_retryable", "ambiguous"), vllm), vllm)
-    assert broken == ["ambiguous=1", "1 failure(s) other than explicit retryable 503s"]
+    assert broken == ["ambiguous=1", "failed=2 admitting during propagation"]

@@ -133,10 +133,10 @@ def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
             broken.insert(0, f"ambiguous={reasons['ambiguous'] - graceful['reload_losses']} (not at a reload)")
     if options.scenario == "default" and options.retry == "sdk" and failed:
         broken.append(f"failed={failed} with --retry sdk")
-    # Inside vLLM graceful is the middleware only: it cannot see the server's connections, so it
-    # serves no extra request on a connection open at drain start after the propagation wait
-    # (graceful run's pinned connections) and refuses it with the not-started 503, as in refuse mode.
-    pinned = options.admit_during_propagation and not options.vllm
+    # Admitting during the wait, a request on a connection busy at the drain's start is served
+    # after the wait too: graceful run pins every open connection, the middleware inside vLLM the
+    # connections of the requests in flight (docs/middleware.md, "Pinned connections").
+    pinned = options.admit_during_propagation
     lossless = pinned or options.gateway_retry
     if lossless and options.scenario in ("default", "strict-clients") and failed:
         mode = "admitting during propagation" if pinned else "with --gateway-retry"

@@ -18,12 +18,18 @@ from ._refusal import HTTP1, json_response, request_id
 from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
-__all__ = ["RESUMABLE_HEADER", "Call", "resumable"]
+__all__ = ["RESUMABLE_HEADER", "Call", "peer_of", "resumable"]
 
 logger = logging.getLogger("graceful")
 
 # A client that can continue a cut stream elsewhere says so (docs/resume.md).
 RESUMABLE_HEADER = b"x-graceful-resumable"
+
+
+def peer_of(scope: Scope) -> object:
+    """The connection's peer address as a hashable key (``Drain.pinned``), or None (off the hot path)."""
+    client = scope.get("client")
+    return None if client is None else tuple(client)
 
 
 def resumable(scope: Scope) -> bool:
@@ -139,21 +145,23 @@ class Call(Tracked):
         return self.server_send(message)
 
     async def _done(self, message: Message) -> None:
-        """``data: [DONE]``, the end of an OpenAI-style stream: passed on, unless the engine aborted it.
+        """``data: [DONE]``, the end of an OpenAI-style stream: passed on, unless the engine ended it early.
 
         vLLM finishes a request it aborts (its shutdown timeout, a scale-down, an abort call)
         with ``finish_reason: "abort"`` and then ``[DONE]``, as if it had completed
-        (vllm-project/vllm#57082). Such a stream ends here with the retryable final frame
-        instead of ``[DONE]`` (resumable when the request is), so no client takes it for a
-        whole answer.
+        (vllm-project/vllm#57082). An engine that fails mid-stream (its core process dies, a
+        generation error) sends an error event with a 5xx ``code`` and then ``[DONE]``
+        (vLLM's stream generators). Either stream ends here with the retryable
+        final frame instead of ``[DONE]`` (resumable when the request is), so that no client
+        takes it for a whole answer and a resuming client continues it elsewhere. The
+        engine's error event has reached the client already, and the log names it.
         """
-        last_two = (getattr(self, "before", None), self.last)
-        frames = [frame for frame in last_two if frame is not None and _ABORT in frame]
-        if not frames or not any(map(_aborted, frames)) or self.content_type_media() != b"text/event-stream":
+        reason, detail = self._ended_early()
+        if reason is None:
             await self.server_send(message)
             return
-        self.ledger.count_truncated("engine_abort")
-        logger.warning("%s: the engine aborted the stream; it ends with the retryable final frame", self.label())
+        self.ledger.count_truncated(reason)
+        logger.warning("%s: %s; it ends with the retryable final frame", self.label(), detail)
         send, self.server_send = self.server_send, _drop
         frame = self._final_frame()(self.content_type())
         if frame is not None:
@@ -161,6 +169,21 @@ class Call(Tracked):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if self.open:
             self.finish(ERROR)
+
+    def _ended_early(self) -> tuple[str | None, str]:
+        """Why the engine's stream before ``[DONE]`` is not a whole answer: (reason, what happened), or (None, "")."""
+        last = self.last
+        if last is None or self.content_type_media() != b"text/event-stream":
+            return None, ""
+        if last.startswith(_ERROR_EVENT):
+            error = _server_error(last)
+            if error is not None:
+                return ENGINE_ERROR, f"the engine ended the stream with an error ({error})"
+            return None, ""
+        frames = [frame for frame in (getattr(self, "before", None), last) if frame is not None and _ABORT in frame]
+        if any(map(_aborted, frames)):
+            return ENGINE_ABORT, "the engine aborted the stream"
+        return None, ""
 
     async def _start_then_hand_off(self, message: Message) -> None:
         """A response that starts once the handoff has begun: a resumable stream is handed off at once."""
@@ -183,6 +206,9 @@ class Call(Tracked):
 
     def label(self) -> str:
         return f"{self.scope.get('method', 'GET')} {self.scope['path']}"
+
+    def peer(self) -> object:
+        return peer_of(self.scope)
 
     def resumable(self) -> bool:
         """Whether the request carried ``x-graceful-resumable: 1`` (read only when a stream is ended)."""
@@ -230,6 +256,26 @@ class Call(Tracked):
 
 
 _ABORT = b'"abort"'
+# How vLLM's stream generators write an error mid-stream: ``data: {"error": {...}}``
+# (vllm/entrypoints/openai/chat_completion/serving.py, create_streaming_error_response).
+_ERROR_EVENT = b'data: {"error"'
+# The reasons of graceful_truncated_streams for a stream the engine ended (docs/metrics.md).
+ENGINE_ABORT = "engine_abort"
+ENGINE_ERROR = "engine_error"
+
+
+def _server_error(frame: bytes) -> str | None:
+    """The message of an SSE error event whose ``code`` is 5xx (the server failed, not the request), else None."""
+    try:
+        error = json.loads(frame[5:]).get("error")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(error, dict) or error.get("type") == "server_shutdown":
+        return None  # graceful's own final event (a second graceful in the path) is passed on
+    code = error.get("code")
+    if type(code) is not int or not 500 <= code <= 599:
+        return None
+    return f"{code} {error.get('type', '')}: {error.get('message', '')}".strip()
 
 
 def _aborted(frame: bytes) -> bool:

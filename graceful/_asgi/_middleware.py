@@ -19,7 +19,7 @@ from .._drain._options import DRAIN_OPTIONS
 from .._drain._state import Drain
 from .._drain._status import SERVING, State
 from ._frames import FinalFrame
-from ._http import Call, resumable
+from ._http import Call, peer_of, resumable
 from ._lifecycle import Lifecycle
 from ._options import MiddlewareConfig
 from ._refusal import REFUSAL, json_response, reject, reject_websocket
@@ -226,7 +226,7 @@ class GracefulMiddleware:
         if drain.state is not SERVING:
             self.lifecycle.arrived()  # with no lifespan running, this serves it, as the unwrapped app would
             if drain.state is not SERVING and (
-                not drain.admit_arrival(scope.get("client"))
+                not drain.admit_arrival(peer_of(scope))
                 # Once streams are handed off, a resumable one would be handed off as soon as it
                 # started (it comes on a kept-alive connection): its client goes elsewhere at once.
                 or (drain.handing_off and scope["type"] == "http" and resumable(scope))

@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from .._drain._state import Drain
 from .._drain._status import State
@@ -218,6 +219,16 @@ class SignalDrain:
             # Joins a drain already under way (preStop): same clock, same deadline.
             try:
                 result = await drain.drain(reason=name)
+                # A client whose stream has just ended may have sent its next request on the same
+                # kept-alive connection already. The server has not read it yet where its loop is
+                # busy, and would close the connection under it. Let it read what its buffers hold
+                # first: such a request (on a connection pinned at the drain's start) is served,
+                # and drained too.
+                while result.drained and await _reads_settled(drain):
+                    again = await drain.drain(reason=name)
+                    if again is result:
+                        break  # past the deadline: no more follow-ups
+                    result = again
                 logger.info("drain ended (%s): handing %s on to the server", result.result, name)
             finally:
                 over.set()
@@ -257,6 +268,18 @@ class SignalDrain:
                 if item.open:
                     drain.count_truncated("forced_exit")
                     tg.start_soon(item.cut)
+
+
+# Loop turns that let a server read requests already in its buffers and start their app calls:
+# one to read the bytes and create the request's task, one to run it to admission, and slack.
+_SETTLE_TURNS = 8
+
+
+async def _reads_settled(drain: Drain) -> bool:
+    """Give the server a few loop turns to read requests already sent; True if one was admitted."""
+    for _ in range(_SETTLE_TURNS):
+        await anyio.lowlevel.checkpoint()
+    return drain.in_flight > 0
 
 
 class _SeeThrough:

@@ -147,6 +147,10 @@ class Tracked:
         """What it is, for the list of work the deadline cut (the drain adds how long it ran)."""
         raise NotImplementedError
 
+    def peer(self) -> object:
+        """The connection it came on, as a hashable key (``Drain.pinned``); None where there is none."""
+        return None
+
     async def expire(self) -> None:
         """End this work at the drain deadline, counted as truncated (once)."""
         if self.open:

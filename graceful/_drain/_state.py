@@ -154,6 +154,12 @@ class Drain(Ledger):
         if self.state is DRAINING or self.state is STOPPED:
             return False
         self._start(DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit))
+        # A connection busy now may bring one more request once its response ends: pin it (a
+        # launcher that sees its server's connections pins the idle ones too).
+        for item in self.items():
+            peer = item.peer()
+            if peer is not None:
+                self.pinned.add(peer)
         self._transition(DRAINING, reason)
         return True
 

@@ -342,7 +342,7 @@ async def test_app_headers_are_not_mutated() -> None:
         await send({"type": "http.response.body", "body": b"ok"})
 
     mw = make(app)
-    mw.drain.begin_drain("x", propagation_wait=60)
+    mw.drain.begin_drain("x", propagation_wait=20)
     mw.drain.admit_during_propagation = True
     await mw(http_scope(), no_body, Recorder(mw.drain))
     assert shared == [(b"content-type", b"text/plain")]
@@ -350,7 +350,7 @@ async def test_app_headers_are_not_mutated() -> None:
 
 async def test_admit_during_propagation_admits_until_the_window_ends() -> None:
     mw = make(streaming_app(1), admit_during_propagation=True)
-    mw.drain.begin_drain("test", propagation_wait=60)
+    mw.drain.begin_drain("test", propagation_wait=20)
     rec = Recorder(mw.drain)
     await mw(http_scope(), no_body, rec)
     assert rec.status == 200 and rec.headers[b"connection"] == b"close"
@@ -371,6 +371,35 @@ async def test_pinned_connection_is_served_once_after_the_window() -> None:
     await mw(http_scope(), no_body, second)
     assert first.status == 200 and first.headers[b"connection"] == b"close"
     assert second.status == 503
+
+
+async def test_a_connection_busy_at_the_drain_start_is_pinned_by_the_middleware_alone() -> None:
+    """Inside a server graceful does not launch (vLLM), nobody pins connections for it:
+    1. a stream is in flight on peer A when the drain begins (propagation wait 0)
+    2. after the wait, A's next request is served once, with Connection: close; A's third is refused
+    3. peer B, idle at the drain's start, is refused: the middleware cannot see idle connections"""
+    gate = anyio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        if scope["path"] == "/stream":
+            await gate.wait()
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = make(app, admit_during_propagation=True)
+    a, b = ("10.0.0.1", 40000), ["10.0.0.2", 40001]  # a server may give the address as a list
+    streaming = Recorder(mw.drain)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, {**http_scope("/stream"), "client": a}, no_body, streaming)
+        await anyio.wait_all_tasks_blocked()
+        mw.drain.begin_drain("preStop", propagation_wait=0)
+        assert mw.drain.pinned == {a}
+        gate.set()
+    replies = [Recorder(mw.drain) for _ in range(3)]
+    for reply, peer in zip(replies, (a, a, b)):
+        await mw({**http_scope(), "client": peer}, no_body, reply)
+    assert replies[0].status == 200 and replies[0].headers[b"connection"] == b"close"
+    assert [reply.status for reply in replies[1:]] == [503, 503]
 
 
 async def test_probes_are_answered_without_the_app_and_never_counted() -> None:
@@ -766,7 +795,7 @@ async def test_work_admitted_after_the_drain_ended_meets_the_original_deadline()
 async def test_ready_fails_at_once_in_both_modes(admit: bool) -> None:
     """Readiness fails the instant the drain begins; only new requests differ between the modes."""
     mw = make(streaming_app(1), admit_during_propagation=admit)
-    mw.drain.begin_drain("test", propagation_wait=60)
+    mw.drain.begin_drain("test", propagation_wait=20)
     ready = Recorder(mw.drain)
     await mw(http_scope("/ready"), no_body, ready)
     assert ready.status == 503
@@ -780,7 +809,7 @@ async def test_ready_fails_at_once_in_both_modes(admit: bool) -> None:
 
 def refusing() -> GracefulMiddleware:
     mw = make(streaming_app(1), admit_during_propagation=False)
-    mw.drain.begin_drain("test", propagation_wait=60)
+    mw.drain.begin_drain("test", propagation_wait=20)
     return mw
 
 

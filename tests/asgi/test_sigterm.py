@@ -632,3 +632,82 @@ def test_a_lifespan_off_the_main_thread_leaves_the_signals_alone() -> None:
     thread.start()
     thread.join(10)
     assert seen == [State.SERVING, signal.getsignal(signal.SIGTERM)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_request_the_server_has_not_read_at_sigterm_is_served_before_it_hears_it(anyio_backend: str) -> None:
+    """The race of a strict keep-alive client inside vLLM (docs/middleware.md, "Pinned connections"):
+    1. a stream is in flight on peer P when the preStop drain begins: P is pinned
+    2. the stream ends and the drain reports drained
+    3. P's next request is already in the server's buffer, unread, when SIGTERM arrives (the
+       server reads it as uvicorn does: a reader callback that starts the app's task)
+    4. graceful lets the server read it, serves it, and only then hands SIGTERM on: the server's
+       handler finds nothing in flight and the request answered 200 with Connection: close"""
+    import asyncio
+
+    import anyio
+    from asgi_lifespan import LifespanManager
+    from prometheus_client import CollectorRegistry
+
+    from graceful import GracefulMiddleware, State
+    from tests.asgi.test_middleware_raw import Recorder, http_scope, no_body
+
+    gate = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _noop_app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        if scope["path"] == "/stream":
+            await gate.wait()
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = GracefulMiddleware(app, admin=False, registry=CollectorRegistry())
+    peer = ("10.1.2.3", 41000)
+    heard: list[tuple[int, list[int]]] = []
+    answers: list[Recorder] = []
+
+    def server_handler() -> None:
+        heard.append((mw.drain.in_flight, [answer.status for answer in answers]))
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, server_handler)
+    server_end, client_end = socket.socketpair()
+    server_end.setblocking(False)
+    tasks: list[asyncio.Task[None]] = []
+
+    def on_readable() -> None:  # the server reads the request and starts the app's task
+        if server_end.recv(64):
+            answer = Recorder(mw.drain)
+            answers.append(answer)
+            tasks.append(loop.create_task(mw({**http_scope("/next"), "client": peer}, no_body, answer)))
+
+    try:
+        async with LifespanManager(mw):
+            stream = Recorder(mw.drain)
+            streaming = loop.create_task(mw({**http_scope("/stream"), "client": peer}, no_body, stream))
+            await asyncio.sleep(0)
+            assert mw.drain.in_flight == 1
+            mw.drain.begin_drain("preStop", propagation_wait=0)
+            gate.set()
+            await streaming
+            result = await mw.drain.drain()
+            assert result.drained and mw.drain.in_flight == 0
+            loop.add_reader(server_end.fileno(), on_readable)
+            client_end.send(b"POST /next")  # in the buffer, unread, ...
+            os.kill(os.getpid(), signal.SIGTERM)  # ... when SIGTERM comes
+            with anyio.fail_after(5):
+                while not heard:
+                    await asyncio.sleep(0.01)
+            assert heard == [(0, [200])]
+            assert answers[0].headers[b"connection"] == b"close"
+            assert mw.drain.state is State.DRAINING
+    finally:
+        loop.remove_reader(server_end.fileno())
+        loop.remove_signal_handler(signal.SIGTERM)
+        server_end.close()
+        client_end.close()
+        for task in tasks:
+            task.cancel()

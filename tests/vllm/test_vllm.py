@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -336,21 +337,131 @@ def test_a_stream_cut_at_the_drain_continues_exactly_on_another_replica(
     assert got["events"][-1] == "[DONE]"
 
 
+def engine_core(server: VllmServer) -> int:
+    """The pid of the server's engine core: the process in its group whose title vLLM sets to
+    ``VLLM::EngineCore`` (vllm/v1/engine/core.py, set_process_title)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != server.process.pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if b"EngineCore" in cmdline.read():
+                    return int(entry)
+        except (OSError, ProcessLookupError):
+            continue
+    raise AssertionError(f"no engine core process in the group of {server.process.pid}")
+
+
+def test_a_stream_the_dead_engine_ended_continues_exactly_on_another_replica(
+    replica: VllmServer, start_vllm: Callable[..., VllmServer]
+) -> None:
+    """1. replica B (the shared one) streams the whole answer alone: the reference token ids
+    2. on replica A two streams run: a plain one, and the same request as B's through graceful's
+       resuming transport
+    3. A's engine core process is killed (SIGKILL) mid-stream; vLLM sends its 500 error event and
+       [DONE] on every stream
+    4. the plain stream ends with vLLM's error event and then graceful's retryable final frame, no
+       [DONE]; A's log names the engine's error
+    5. the resuming transport continues its stream on B: the caller reads the reference's token
+       ids and text exactly, one [DONE], one resume"""
+    first = start_vllm(**RECIPE)
+    first.wait_ready()
+    payload = {"model": replica.model, **body("chat", 600, return_token_ids=True)}
+    with httpx.Client(timeout=120) as plain:
+        reference_ids, reference_text, _ = token_stream(plain, replica.url(path("chat")), payload)
+    assert len(reference_ids) == 600
+
+    bystander = Stream("completion", 8000).run(first)
+    router = Router(first, replica)
+    transport = graceful.ResumingTransport(transport=router)
+    got: dict[str, Any] = {}
+    reading = threading.Event()
+
+    def read() -> None:
+        with httpx.Client(transport=transport, timeout=120) as client:
+            ids: list[int] = []
+            text: list[str] = []
+            events: list[Any] = []
+            with client.stream("POST", first.url(path("chat")), json=payload) as response:
+                got["resumes"] = response.extensions
+                for event in sse_events(response.iter_lines()):
+                    events.append(event)
+                    for choice in event.get("choices", []) if isinstance(event, dict) else []:
+                        ids += choice.get("token_ids") or []
+                        text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+                        if len(ids) >= 50:
+                            reading.set()
+            got.update(ids=ids, text="".join(text), events=events)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    assert reading.wait(60), "the stream never reached 50 tokens on replica A"
+    assert bystander.first.wait(60)
+    os.kill(engine_core(first), signal.SIGKILL)
+
+    bystander.wait(60)
+    assert bystander.error is None and bystander.status == 200, repr(bystander.error)
+    assert "[DONE]" not in bystander.events, bystander.events[-3:]
+    engine_error, final = bystander.events[-2:]
+    assert isinstance(engine_error, dict) and engine_error["error"]["code"] == 500, bystander.events[-3:]
+    assert isinstance(final, dict) and final["error"]["type"] == "server_shutdown" and final["error"]["retryable"]
+    thread.join(120)
+    assert not thread.is_alive()
+    assert router.sent == 2, "the stream was not continued on replica B"
+    assert got["resumes"]["graceful_resumes"] == 1
+    assert got["ids"] == reference_ids
+    assert got["text"] == reference_text
+    assert [event for event in got["events"] if event == "[DONE]"] == ["[DONE]"]
+    assert not any(isinstance(event, dict) and "error" in event for event in got["events"])
+    assert "the engine ended the stream with an error (500 InternalServerError: EngineCore" in first.log
+
+
+def first_503(server: VllmServer, since: float, limit: float = 5.0) -> float:
+    """Seconds from ``since`` until ``/ready`` answers 503: probed over a new raw connection each
+    time, so that a probe costs one round trip (an HTTP client's own set-up would dominate)."""
+    request = b"GET /ready HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n"
+    while time.monotonic() < since + limit:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=2) as probe:
+            probe.sendall(request)
+            head = probe.recv(32)
+        if head.startswith(b"HTTP/1.1 503"):
+            return time.monotonic() - since
+    raise AssertionError(f"/ready still not 503 {limit}s after the trigger")
+
+
 def test_sigterm_drains_before_vllms_own_shutdown(start_vllm: Callable[..., VllmServer]) -> None:
     """vLLM's launcher registers SIGTERM on its uvloop loop; graceful takes it first:
-    1. two streams in flight  2. SIGTERM to vllm serve (default --shutdown-timeout 0: abort)
-    3. /ready 503 at once, a new request served during the 4 s propagation wait, refused after it
-    4. both streams end whole with [DONE]
-    5. only then vLLM's own shutdown runs, once, and the process exits 0"""
+    1. four streams in flight
+    2. the preStop path: `graceful drain` started -> /ready 503, timed; then `graceful resume`
+    3. SIGTERM to vllm serve (default --shutdown-timeout 0: abort) -> /ready 503, timed the same
+       way: within 1.5x of the preStop path's figure
+    4. a new request served during the 4 s propagation wait, refused after it
+    5. every stream ends whole with [DONE]
+    6. only then vLLM's own shutdown runs, once, and the process exits 0"""
     server = start_vllm(**RECIPE, GRACEFUL_PROPAGATION_WAIT="4s")
     server.wait_ready()
     # Long enough (together about 20 s) that the refusals after the wait can be seen.
-    streams = [Stream(kind, 4000).run(server) for kind in ("completion", "chat")]
+    streams = [Stream(kind, 2000).run(server) for kind in ("completion", "chat", "completion", "chat")]
     for stream in streams:
         assert stream.first.wait(60)
+    started = time.monotonic()
+    hook = subprocess.Popen(
+        [sys.executable, "-m", "graceful", "drain", "--socket-dir", server.socket_dir, "--grace-period", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+    )  # fmt: skip
+    prestop = first_503(server, started)
+    assert graceful_cli("resume", "--socket-dir", server.socket_dir).returncode == 0
+    hook.wait(30)  # its drain was resumed: it reports so and exits
+    assert status_of(server, "/ready").status_code == 200
+    assert not any(stream.ended.is_set() for stream in streams), "a stream ended before SIGTERM"
+
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
-    wait_for(lambda: status_of(server, "/ready").status_code == 503, 5, "/ready 503 after SIGTERM")
+    sigterm = first_503(server, sent)
+    print(f"/ready 503 after: preStop hook {prestop * 1000:.1f} ms, SIGTERM {sigterm * 1000:.1f} ms")
+    assert sigterm <= 1.5 * prestop, (sigterm, prestop)
     during_sent = time.monotonic()
     during = new_request(server)
     assert during_sent - sent < 4, "the request meant for the propagation wait was sent after it"
