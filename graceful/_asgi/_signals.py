@@ -271,8 +271,9 @@ class SignalDrain:
 
 
 # Loop turns that let a server read requests already in its buffers and start their app calls:
-# one to read the bytes and create the request's task, one to run it to admission, and slack.
-_SETTLE_TURNS = 8
+# one to read the bytes and create the request's task and one to run it to admission, with room
+# for callbacks a busy server has queued ahead of them (each turn costs microseconds).
+_SETTLE_TURNS = 16
 
 
 async def _reads_settled(drain: Drain) -> bool:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -641,7 +641,7 @@ async def test_a_request_the_server_has_not_read_at_sigterm_is_served_before_it_
     1. a stream is in flight on peer P when the preStop drain begins: P is pinned
     2. the stream ends and the drain reports drained
     3. P's next request is already in the server's buffer, unread, when SIGTERM arrives (the
-       server reads it as uvicorn does: a reader callback that starts the app's task)
+       server reads it with a reader callback and starts the app's task a few loop turns later)
     4. graceful lets the server read it, serves it, and only then hands SIGTERM on: the server's
        handler finds nothing in flight and the request answered 200 with Connection: close"""
     import asyncio
@@ -678,11 +678,22 @@ async def test_a_request_the_server_has_not_read_at_sigterm_is_served_before_it_
     server_end.setblocking(False)
     tasks: list[asyncio.Task[None]] = []
 
-    def on_readable() -> None:  # the server reads the request and starts the app's task
+    def start() -> None:
+        answer = Recorder(mw.drain)
+        answers.append(answer)
+        tasks.append(loop.create_task(mw({**http_scope("/next"), "client": peer}, no_body, answer)))
+
+    def later(turns: int, callback: Callable[[], None]) -> None:
+        if turns:
+            loop.call_soon(later, turns - 1, callback)
+        else:
+            callback()
+
+    def on_readable() -> None:
+        # The server reads the request and starts the app's task six loop turns later, as a busy
+        # server does (callbacks queued ahead of it): after graceful's drain call has returned.
         if server_end.recv(64):
-            answer = Recorder(mw.drain)
-            answers.append(answer)
-            tasks.append(loop.create_task(mw({**http_scope("/next"), "client": peer}, no_body, answer)))
+            later(6, start)
 
     try:
         async with LifespanManager(mw):
