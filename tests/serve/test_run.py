@@ -103,7 +103,9 @@ def test_prestop_drain_then_sigterm(launch: Callable[..., Launched]) -> None:
     for stream in streams:
         stream.join(5)
         assert stream.whole, (stream.body, stream.error)
-    assert 0 <= drain_ended - max(s.finished for s in streams) < 1.0
+    # The hook returned promptly after the last frame. (Not "after the client's last read": a
+    # loaded machine can run a reading thread later than the hook's exit, milliseconds apart.)
+    assert drain_ended - max(s.finished for s in streams) < 1.0
     assert "draining 1 worker" in err and "drained 1 of 1 worker" in err
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
