@@ -191,8 +191,8 @@ class DrainRun:
                     machine.handing_off = True
                     await self._hand_off_all()
                     continue
-                if machine.in_flight == 0 and (now >= prop_end or now >= deadline):
-                    outcome = "drained"  # at the deadline too: nothing was left to end
+                if machine.in_flight == 0 and now >= prop_end:
+                    outcome = "drained"  # also where the wait ends at the deadline (check_wait: never after it)
                     break
                 if now >= deadline:
                     outcome = "timeout"

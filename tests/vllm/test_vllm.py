@@ -269,19 +269,43 @@ class Router(httpx.BaseTransport):
         return self.transport.handle_request(request)
 
 
-def token_stream(client: httpx.Client, url: str, payload: dict[str, Any]) -> tuple[list[int], str, list[Any]]:
-    """Read a stream: its completion token ids, its text, and its events."""
+def token_stream(
+    client: httpx.Client, url: str, payload: dict[str, Any], got: dict[str, Any] | None = None
+) -> tuple[list[int], str, list[Any]]:
+    """Read a stream: its completion token ids, its text, and its events. With ``got``: its
+    response's extensions go under "resumes", and ``got["reading"]`` is set at 50 token ids."""
     ids: list[int] = []
     text: list[str] = []
     events: list[Any] = []
     with client.stream("POST", url, json=payload) as response:
         assert response.status_code == 200
+        if got is not None:
+            got["resumes"] = response.extensions
         for event in sse_events(response.iter_lines()):
             events.append(event)
             for choice in event.get("choices", []) if isinstance(event, dict) else []:
                 ids += choice.get("token_ids") or []
                 text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+                if got is not None and len(ids) >= 50:
+                    got["reading"].set()
     return ids, "".join(text), events
+
+
+def resumed_read(
+    transport: httpx.BaseTransport, url: str, payload: dict[str, Any]
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """Read a stream through ``transport`` in a thread: (the thread, what it got: ids, text, events,
+    resumes, and the event "reading", set once 50 token ids have come)."""
+    got: dict[str, Any] = {"reading": threading.Event()}
+
+    def read() -> None:
+        with httpx.Client(transport=transport, timeout=120) as client:
+            ids, text, events = token_stream(client, url, payload, got)
+        got.update(ids=ids, text=text, events=events)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, got
 
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
@@ -302,28 +326,8 @@ def test_a_stream_cut_at_the_drain_continues_exactly_on_another_replica(
 
     router = Router(first, replica)
     transport = graceful.ResumingTransport(transport=router)
-    got: dict[str, Any] = {}
-    reading = threading.Event()
-
-    def read() -> None:
-        with httpx.Client(transport=transport, timeout=120) as client:
-            ids: list[int] = []
-            text: list[str] = []
-            events: list[Any] = []
-            with client.stream("POST", first.url(path(kind)), json=payload) as response:
-                got["resumes"] = response.extensions
-                for event in sse_events(response.iter_lines()):
-                    events.append(event)
-                    for choice in event.get("choices", []) if isinstance(event, dict) else []:
-                        ids += choice.get("token_ids") or []
-                        text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
-                        if len(ids) >= 50:
-                            reading.set()
-            got.update(ids=ids, text="".join(text), events=events)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    assert reading.wait(60), "the stream never reached 50 tokens on replica A"
+    thread, got = resumed_read(transport, first.url(path(kind)), payload)
+    assert got["reading"].wait(60), "the stream never reached 50 tokens on replica A"
     hook = graceful_cli("drain", "--socket-dir", first.socket_dir, "--propagation-wait", "0", "--grace-period", "60")
     assert hook.returncode == 0, (hook.stdout, hook.stderr)
     assert "1 stream handed off" in hook.stderr or "handed off" in hook.stderr, hook.stderr
@@ -376,28 +380,8 @@ def test_a_stream_the_dead_engine_ended_continues_exactly_on_another_replica(
     bystander = Stream("completion", 8000).run(first)
     router = Router(first, replica)
     transport = graceful.ResumingTransport(transport=router)
-    got: dict[str, Any] = {}
-    reading = threading.Event()
-
-    def read() -> None:
-        with httpx.Client(transport=transport, timeout=120) as client:
-            ids: list[int] = []
-            text: list[str] = []
-            events: list[Any] = []
-            with client.stream("POST", first.url(path("chat")), json=payload) as response:
-                got["resumes"] = response.extensions
-                for event in sse_events(response.iter_lines()):
-                    events.append(event)
-                    for choice in event.get("choices", []) if isinstance(event, dict) else []:
-                        ids += choice.get("token_ids") or []
-                        text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
-                        if len(ids) >= 50:
-                            reading.set()
-            got.update(ids=ids, text="".join(text), events=events)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    assert reading.wait(60), "the stream never reached 50 tokens on replica A"
+    thread, got = resumed_read(transport, first.url(path("chat")), payload)
+    assert got["reading"].wait(60), "the stream never reached 50 tokens on replica A"
     assert bystander.first.wait(60)
     os.kill(engine_core(first), signal.SIGKILL)
 
