@@ -30,7 +30,12 @@ def run_demo(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
     """The demo with --vllm --quick and ``args``: its output and its JSON report; it must exit 0."""
     report = tmp_path / "report.json"
     env = {**os.environ, "GRACEFUL_VLLM": VLLM}
-    argv = [sys.executable, "-m", "examples.rollout", "--vllm", "--quick", "--report", str(report), *args]
+    # A 60 s grace period in place of --quick's 30 s (reserve 5 s): the old replica's drain waits
+    # for a 1024-token stream and the one more request of its pinned connection, beside the new
+    # replica's engine on the same core. That took up to 18.7 s idle, and past the 25 s deadline
+    # beside stress-ng --cpu 4 (docs/testing.md, "Under load"). An idle drain ends when its streams do.
+    budget = ("--grace-period", "60s")
+    argv = [sys.executable, "-m", "examples.rollout", "--vllm", "--quick", *budget, "--report", str(report), *args]
     with open(tmp_path / "demo.log", "wb") as log:
         demo = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -102,6 +102,19 @@ class Stream:
         assert not any(isinstance(event, dict) and "error" in event for event in self.events)
 
 
+def tokens_for(server: VllmServer, seconds: float) -> int:
+    """``max_tokens`` for a stream that runs at least ``seconds`` alone on this machine now: the
+    rate of one 128-token stream, measured. A stream beside others runs no faster, so it lasts at
+    least as long. On two cores the rate falls several times over under load (stress-ng --cpu 4),
+    and a fixed length either ends before the drain it is meant to test or outlives its deadline."""
+    stream = Stream("completion", 128).run(server)
+    assert stream.first.wait(60)
+    started = time.monotonic()
+    stream.wait(60).assert_whole()
+    rate = 127 / max(stream.ended_at - started, 1e-3)
+    return max(64, int(rate * seconds))
+
+
 def wait_for(check: Callable[[], bool], limit: float, what: str) -> None:
     deadline = time.monotonic() + limit
     while not check():
@@ -465,14 +478,15 @@ def test_sigterm_drains_before_vllms_own_shutdown(start_vllm: Callable[..., Vllm
 
 def test_sigterm_past_the_budget_ends_streams_with_the_final_frame(start_vllm: Callable[..., VllmServer]) -> None:
     """--shutdown-timeout 5 (vLLM's drain mode), a budget shorter than the stream:
-    grace period 14 s, reserve 6 s: the drain ends 8 s after SIGTERM.
+    grace period 16 s, reserve 8 s: the drain ends 8 s after SIGTERM, and vLLM's shutdown has its
+    5 s and 3 s for its teardown (more than 1 s of it on a loaded machine).
     1. a stream that needs about 20 s more is in flight  2. SIGTERM
     3. at graceful's deadline the stream ends with the retryable server_shutdown event, no [DONE]
        (vLLM's engine never aborts it under the client)
     4. vLLM's shutdown follows and the process exits inside the grace period"""
     server = start_vllm(
-        "--shutdown-timeout", "5", GRACEFUL_EXEMPT_PATHS="/health,/metrics", GRACEFUL_GRACE_PERIOD="14",
-        GRACEFUL_RESERVE="6", GRACEFUL_PROPAGATION_WAIT="1s",
+        "--shutdown-timeout", "5", GRACEFUL_EXEMPT_PATHS="/health,/metrics", GRACEFUL_GRACE_PERIOD="16",
+        GRACEFUL_RESERVE="8", GRACEFUL_PROPAGATION_WAIT="1s",
     )  # fmt: skip
     server.wait_ready()
     stream = Stream("completion", 15000).run(server)
@@ -486,7 +500,7 @@ def test_sigterm_past_the_budget_ends_streams_with_the_final_frame(start_vllm: C
     assert "[DONE]" not in stream.events
     assert 7 <= stream.ended_at - sent < 10
     assert server.wait_exit(30) == 0, server.log[-4000:]
-    assert time.monotonic() - sent < 14
+    assert time.monotonic() - sent < 16
     assert "[shutdown] API server: stopping engine client mode=drain timeout=5s" in server.log
 
 
@@ -522,13 +536,17 @@ def test_api_server_count_two_sigterm_to_the_parent_drains_each(start_vllm: Call
     4. every stream ends whole with [DONE]; the server exits 0 before the shutdown timeout"""
     server = start_vllm("--api-server-count", "2", "--shutdown-timeout", "60", **RECIPE, GRACEFUL_PROPAGATION_WAIT="2s")
     server.wait_ready(sockets=2)
-    streams = [Stream(kind, 3000).run(server) for kind in ("completion", "chat", "completion", "chat")]
+    # Streams that outlast the refusal below (about 3 s after SIGTERM) and end well inside the
+    # drain's limit (60 s less the 18 s reserve), on a loaded machine too.
+    tokens = tokens_for(server, 10)
+    streams = [Stream(kind, tokens).run(server) for kind in ("completion", "chat", "completion", "chat")]
     for stream in streams:
         assert stream.first.wait(60)
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     wait_for(lambda: status_of(server, "/ready").status_code == 503, 5, "/ready 503 after SIGTERM")
     wait_for(lambda: new_request(server).status_code == 503, 10, "refusal after the propagation wait")
+    assert not any(stream.ended.is_set() for stream in streams), f"{tokens} tokens: a stream ended before the refusal"
     for stream in streams:
         stream.wait().assert_whole()
     assert server.wait_exit(60) == 0, server.log[-4000:]
