@@ -136,6 +136,7 @@ class Call(Tracked):
                 if self.scope.get("http_version", "1.1") in HTTP1:
                     # Keep-alive clients and balancers must stop reusing this connection.
                     headers.append((b"connection", b"close"))
+                headers.extend(shared.drain_headers())
                 if self.ledger.handing_off:
                     message["headers"] = headers
                     return self._start_then_hand_off(message)

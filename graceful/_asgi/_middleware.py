@@ -68,6 +68,7 @@ class GracefulMiddleware:
         socket_dir: str | None = UNSET,
         socket_mode: int = UNSET,
         final_frame: FinalFrame = UNSET,
+        announce_drain: bool = UNSET,
         **drain_options: Any,
     ) -> None:
         unknown = set(drain_options) - DRAIN_OPTIONS
@@ -94,6 +95,7 @@ class GracefulMiddleware:
             socket_dir=socket_dir,
             socket_mode=socket_mode,
             final_frame=final_frame,
+            announce_drain=announce_drain,
         )
         if drain is None:
             drain = Drain(**drain_options)
@@ -126,6 +128,7 @@ class GracefulMiddleware:
             id_prefix=f"{os.getpid():x}-{os.urandom(3).hex()}-".encode(),
             ids=itertools.count(1),
             final_frame=options.final_frame,
+            announce_drain=options.announce_drain,
             ready_on_startup=options.ready_on_startup,
             admin=options.admin,
             socket_dir=options.socket_dir,
@@ -251,7 +254,7 @@ class GracefulMiddleware:
         if drain.state is not SERVING:
             self.lifecycle.arrived()
         ok = drain.state is SERVING and drain.in_flight < self.max_in_flight
-        await json_response(send, 200 if ok else 503, _probe_body(drain, ok))
+        await json_response(send, 200 if ok else 503, _probe_body(drain, ok), self.shared.drain_headers())
 
     async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:
         ok = True
@@ -261,13 +264,13 @@ class GracefulMiddleware:
             except Exception:
                 logger.exception("live_check raised; reporting not live")
                 ok = False
-        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
+        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok), self.shared.drain_headers())
 
     async def _startup(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.drain.state is not SERVING:
             self.lifecycle.arrived()
         ok = self.drain.state is not State.STARTING
-        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok))
+        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok), self.shared.drain_headers())
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         from ._metrics import render
@@ -279,7 +282,11 @@ class GracefulMiddleware:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body))],
+                "headers": [
+                    (b"content-type", content_type.encode()),
+                    (b"content-length", b"%d" % len(body)),
+                    *self.shared.drain_headers(),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})

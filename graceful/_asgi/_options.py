@@ -84,6 +84,7 @@ class MiddlewareConfig:
     socket_dir: str | None = _option(None, Env(lambda var, raw: raw, "a directory (also read by `graceful drain`)"))
     socket_mode: int = _option(0o600, Env(_mode, "`0600` or `0660`"))
     final_frame: FinalFrame = _option(default_final_frame, Env(named_object, "`module:function`, imported"))
+    announce_drain: bool = _option(True, Env(flag, "`1`/`0`"))
 
     @classmethod
     def resolve(cls, **given: Any) -> MiddlewareConfig:

@@ -10,6 +10,7 @@ Later). Which requests are refused is decided in one place, the middleware's adm
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import anyio
 
@@ -57,7 +58,7 @@ _MESSAGES = {
 }
 
 
-async def json_response(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def json_response(send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -66,7 +67,7 @@ async def json_response(send: Send, status: int, body: bytes, headers: list[tupl
                 (b"content-type", b"application/json"),
                 (b"content-length", b"%d" % len(body)),
                 (b"cache-control", b"no-store"),
-                *(headers or ()),
+                *headers,
             ],
         }
     )
@@ -84,7 +85,7 @@ def request_id(shared: Shared, scope: Scope) -> bytes:
 def _refusal(shared: Shared, scope: Scope, reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The body and headers of a refusal, for HTTP and the WebSocket denial alike."""
     body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
-    headers = [(b"retry-after", shared.retry_after), (NOT_STARTED_HEADER, b"1")]
+    headers = [(b"retry-after", shared.retry_after), (NOT_STARTED_HEADER, b"1"), *shared.drain_headers()]
     if shared.request_id_header is not None:
         headers.append((shared.request_id_header, request_id(shared, scope)))
     return body, headers

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._drain._state import Drain
+from .._drain._status import DRAINING, STOPPED
 from ._frames import FinalFrame
 from ._lifecycle import Lifecycle
 from ._types import ASGIApp
@@ -19,7 +20,13 @@ from ._types import ASGIApp
 if TYPE_CHECKING:
     from ._metrics import MultiprocessMirror
 
-__all__ = ["Shared"]
+__all__ = ["ANNOUNCEMENT", "Shared"]
+
+# What a response says to the balancers once the drain has begun (``announce_drain``). An Envoy
+# that actively health-checks this host takes it out of its load balancing at once on seeing it
+# (Envoy's router filter: x-envoy-immediate-health-check-fail), rather than at its next failed
+# check or its control plane's next endpoint update. Anything else in front ignores it.
+ANNOUNCEMENT = ((b"x-envoy-immediate-health-check-fail", b"true"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +40,22 @@ class Shared:
     id_prefix: bytes  # request ids made here are id_prefix + the next of ids
     ids: Iterator[int]
     final_frame: FinalFrame
+    announce_drain: bool
     ready_on_startup: bool
     admin: bool
     socket_dir: str | None
     socket_mode: int
     mirror: MultiprocessMirror | None
     lifecycle: Lifecycle  # whether a lifespan runs, and the rule for requests without one
+
+    def drain_headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The headers a response gets once the drain has begun: its announcement, or () (off the hot path).
+
+        Every response the middleware sends or passes on from the drain's start carries it: the
+        admitted requests', the refusals and the probes'. The drain's result keeps the first.
+        """
+        drain = self.drain
+        if not self.announce_drain or (drain.state is not DRAINING and drain.state is not STOPPED):
+            return ()
+        drain.record_announcement()
+        return ANNOUNCEMENT

@@ -227,8 +227,14 @@ def _propagation_note(result: dict[str, Any]) -> str:
     propagation, last = result.get("propagation"), result.get("last_request")
     if not isinstance(propagation, (int, float)):
         return ""
-    arrived = f"last new request at {last:.1f} s" if isinstance(last, (int, float)) else "no new request"
-    return f" (propagation phase {propagation:.1f} s, {arrived})"
+    notes = [f"propagation phase {propagation:.1f} s"]
+    if result.get("propagation_ended_by") == "quiet":
+        notes.append("ended by the quiet rule")
+    announced = result.get("announced")
+    if isinstance(announced, (int, float)):
+        notes.append(f"announced at {announced:.1f} s")
+    notes.append(f"last new request at {last:.1f} s" if isinstance(last, (int, float)) else "no new request")
+    return f" ({', '.join(notes)})"
 
 
 def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:

@@ -57,7 +57,9 @@ class DrainRun:
         # A configured quiet period longer than this drain's wait changes nothing: the wait bounds it.
         self.quiet = quiet if quiet is not None and quiet < wait else None
         self.last_arrival = -math.inf  # monotonic; before `started` means "none yet"
+        self.announced: float | None = None  # monotonic: the first response that announced the drain
         self.prop_over = False
+        self.prop_ended_by: str | None = None  # "quiet" or "propagation_wait", once it is over
         self.deadline = now + limit
         self.follow_up = False
         self.ended: DrainOutcome | None = None  # set by end(): resumed or stopped
@@ -93,6 +95,11 @@ class DrainRun:
             return True
         return False
 
+    def announce(self, now: float) -> None:
+        """A response announced the drain to the balancers (``announce_drain``): the first one is kept."""
+        if self.announced is None:
+            self.announced = now
+
     def settle_propagation(self, now: float) -> float:
         """When the propagation phase ends, as known at ``now``; fixed once it has ended. The first
         call that finds it over settles it: one ``graceful_propagation_seconds`` sample and a log line.
@@ -111,13 +118,15 @@ class DrainRun:
         if now >= end and self.ended is None:
             self.prop_over = True
             self.prop_end = end
+            self.prop_ended_by = "quiet" if end < wait_end else "propagation_wait"
             last = max(0.0, self.last_arrival - self.started)
             self.machine.tally.propagation_durations.append(last)
             logger.info(
-                "propagation phase over %.3fs after drain start (%s); last new request %.3fs after drain start",
+                "propagation phase over %.3fs after drain start (%s); last new request %.3fs after drain start%s",
                 end - self.started,
                 f"no new request for {self.quiet:g}s" if end < wait_end else "propagation_wait",
                 last,
+                "" if self.announced is None else f"; drain announced {self.announced - self.started:.3f}s after it",
             )
         return end
 
@@ -224,6 +233,8 @@ class DrainRun:
             handed_off=self.handed_off(),
             propagation=self.prop_end - start if self.prop_over else None,
             last_request=self.last_arrival - start if self.last_arrival >= start else None,
+            propagation_ended_by=self.prop_ended_by,
+            announced=None if self.announced is None else self.announced - start,
         )
         self._log_summary(self.result)
         if outcome != "resumed" and not self.follow_up:

@@ -107,6 +107,12 @@ class Drain(Ledger):
             return True
         return False
 
+    def record_announcement(self) -> None:
+        """A response told the balancers of the drain (``announce_drain``); the drain's result keeps the first."""
+        run = self._run
+        if run is not None and self.state is not SERVING:
+            run.announce(time.monotonic())
+
     def status(self) -> DrainStatus:
         run = self._run
         shown = run is not None and (self.state is DRAINING or run.result is not None)

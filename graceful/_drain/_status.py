@@ -42,6 +42,11 @@ class DrainResult:
     # when its last new request arrived (None if none did).
     propagation: float | None = None
     last_request: float | None = None
+    # Why the propagation phase ended ("quiet": no new request for propagation_quiet; or
+    # "propagation_wait"), and when the first response announced the drain to the balancers
+    # (``announce_drain``; seconds from drain start, None if none did).
+    propagation_ended_by: str | None = None
+    announced: float | None = None
 
     @property
     def drained(self) -> bool:
@@ -61,6 +66,8 @@ class DrainResult:
             "leftover": list(self.leftover),
             "propagation": None if self.propagation is None else round(self.propagation, 6),
             "last_request": None if self.last_request is None else round(self.last_request, 6),
+            "propagation_ended_by": self.propagation_ended_by,
+            "announced": None if self.announced is None else round(self.announced, 6),
         }
 
 

@@ -81,6 +81,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "GRACEFUL_SOCKET_DIR": "/tmp/g-env",
         "GRACEFUL_SOCKET_MODE": "0660",
         "GRACEFUL_FINAL_FRAME": "tests.drain.test_environ:hook",
+        "GRACEFUL_ANNOUNCE_DRAIN": "no",
     }
     assert set(env) == {variable(option) for option in ENVIRON}
     for name, value in env.items():
@@ -113,6 +114,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         0o660,
         hook,
     )
+    assert settings.announce_drain is False
     # A value given in code wins over the variable.
     mine = make(ready_path="/r", max_in_flight=2, propagation_wait="5s", admin=True)
     assert "/r" in mine._special and "/health/ready" not in mine._special

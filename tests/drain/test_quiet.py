@@ -355,7 +355,8 @@ def test_cli_option_reaches_the_server(served: Any) -> None:
     assert worker["result"]["result"] == "drained"
     assert 0.3 <= worker["result"]["duration"] < 4.0
     assert worker["result"]["propagation"] == pytest.approx(0.3) and worker["result"]["last_request"] is None
-    assert "(propagation phase 0.3 s, no new request)" in result.stderr
+    assert "(propagation phase 0.3 s, ended by the quiet rule, no new request)" in result.stderr
+    assert worker["result"]["propagation_ended_by"] == "quiet" and worker["result"]["announced"] is None
     assert served.mw.drain.propagation_durations == [0.0]
 
 
