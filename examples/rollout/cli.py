@@ -19,6 +19,7 @@ import click
 from graceful import ConfigError, parse_duration
 
 from .balancer import BALANCERS
+from .envoy import RETRIES
 from .report import expectations, render, side_summary
 from .scenarios import SCENARIOS, Options, SideResult, records_file, run_side
 
@@ -74,6 +75,20 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     is_flag=True,
     default=None,
     help="L7 balancer retries a not-started 503 on another replica, even for POST (the documented config).",
+)
+@click.option(
+    "--envoy-retry",
+    type=click.Choice(RETRIES),
+    default=None,
+    help="--balancer envoy: its retry profile [default none, as Envoy Gateway; not-started with --gateway-retry].",
+)
+@click.option(
+    "--active-hc", is_flag=True, default=None, help="--balancer envoy: active health checking of /ready every 30 s."
+)
+@click.option(
+    "--announce-drain/--no-announce-drain",
+    default=None,
+    help="Graceful side: responses carry x-envoy-immediate-health-check-fail from the drain's start [default: on].",
 )
 @click.option("--skip-baseline", is_flag=True, help="Run the graceful side only.")
 @click.option("--records", type=click.Path(file_okay=False), default=None, help="Write per-request JSON lines here.")

@@ -50,6 +50,7 @@ class ReplicaSettings:
     load_delay: float = 0.5
     ignore_term: bool = False
     handoff_streams: bool = False
+    announce_drain: bool = True  # graceful's responses carry x-envoy-immediate-health-check-fail from its drain's start
     log_dir: str = field(default_factory=tempfile.gettempdir)
     vllm: VllmSetup | None = None  # --vllm: replicas are vllm serve processes
 
@@ -83,6 +84,7 @@ class ReplicaSettings:
             env["GRACEFUL_EXAMPLE_RESERVE"] = f"{self.reserve:g}"
         if self.handoff_streams:
             env["GRACEFUL_HANDOFF_STREAMS"] = "1"  # graceful run --handoff-streams, for the already wrapped app
+        env["GRACEFUL_ANNOUNCE_DRAIN"] = "1" if self.announce_drain else "0"
         if self.kind != "graceful":
             # The example app carries the middleware, which under plain uvicorn would take SIGTERM
             # over and drain (drain_on_sigterm, on by default). The baseline is a server without
@@ -102,6 +104,7 @@ class ReplicaSettings:
                 GRACEFUL_ADMIT_DURING_PROPAGATION="1" if self.admit_during_propagation else "0",
                 # The kubelet's and Prometheus' reads of vLLM's own pages are never refused.
                 GRACEFUL_EXEMPT_PATHS="/health,/metrics",
+                GRACEFUL_ANNOUNCE_DRAIN="1" if self.announce_drain else "0",
             )
             if self.reserve is not None:
                 env["GRACEFUL_RESERVE"] = f"{self.reserve:g}"

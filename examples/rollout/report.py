@@ -80,6 +80,12 @@ def side_summary(side: SideResult, options: Options) -> dict[str, Any]:
         ),
         "prestop_codes": [t.prestop_code for t in side.terminations if t.prestop_code is not None],
         "propagation_ends": [round(t.propagation_end, 2) for t in side.terminations if t.propagation_end is not None],
+        # Behind Envoy: when each old replica's first announcing response reached Envoy, when
+        # Envoy last sent it a request (seconds after its T0), and the requests sent later than
+        # 1.5 s after the announcement.
+        "announced": [None if t.announced is None else round(t.announced, 2) for t in side.terminations],
+        "last_sent": [None if t.last_sent is None else round(t.last_sent, 2) for t in side.terminations],
+        "sent_after_announcement": sum(t.sent_after_announcement for t in side.terminations),
         "connect_errors": side.connect_errors,
         "reloads": len(side.reloads),
         "reload_losses": reload_losses(side),
@@ -137,14 +143,23 @@ def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
     # after the wait too: graceful run pins every open connection, the middleware inside vLLM the
     # connections of the requests in flight (docs/middleware.md, "Pinned connections").
     pinned = options.admit_during_propagation
-    lossless = pinned or options.gateway_retry
+    lossless = pinned or options.retries_refusals
     if lossless and options.scenario in ("default", "strict-clients") and failed:
-        mode = "admitting during propagation" if pinned else "with --gateway-retry"
+        mode = "admitting during propagation" if pinned else "with the balancer retrying refusals"
         broken.append(f"failed={failed} {mode}")
     if options.scenario == "strict-clients" and not lossless:
         other = failed - reasons["rejected_retryable"]
         if other:
             broken.append(f"{other} failure(s) other than explicit retryable 503s")
+    if options.active_hc and options.announce_drain:
+        # Push: an Envoy that health-checks the replicas takes each out at its first response
+        # announcing the drain (plus its update_merge_window, 1 s).
+        if graceful["sent_after_announcement"]:
+            broken.append(
+                f"{graceful['sent_after_announcement']} request(s) sent more than 1.5 s after the announcement"
+            )
+        if None in graceful["announced"]:
+            broken.append("an old replica's drain was never announced in Envoy's access log")
     if options.scenario == "observed-propagation":
         if failed:
             broken.append(f"failed={failed}")
@@ -194,6 +209,12 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
     row("preStop drain exit codes", lambda s: _codes(s["prestop_codes"]))
     if options.propagation_quiet is not None:
         row("  propagation ended after T0, max", lambda s: _max_seconds(s["propagation_ends"]))
+    if options.balancer == "envoy":
+        row(
+            "envoy: drain announced after T0, max", lambda s: _max_seconds([a for a in s["announced"] if a is not None])
+        )
+        row("  last request sent after T0, max", lambda s: _max_seconds([a for a in s["last_sent"] if a is not None]))
+        row("  requests sent > 1.5 s after it", lambda s: s["sent_after_announcement"] if any(s["announced"]) else "-")
     row("balancer: failed backend connects", lambda s: s["connect_errors"])
     if options.balancer == "nginx" and any(s["reloads"] for s in sides):  # the fallback without Lua
         row("nginx reloads (endpoint changes)", lambda s: s["reloads"])

@@ -16,7 +16,7 @@ import httpx
 from graceful import Budget, ConfigError
 from graceful.soak import RequestRecord, SoakConfig, SoakReport, run_soak
 
-from .balancer import L7_BALANCERS, Nginx, open_balancer
+from .balancer import L7_BALANCERS, Envoy, Nginx, open_balancer
 from .replica import Kind, ReplicaSettings
 from .timeline import Plan, Rollout, Termination
 from .vllm import MODEL_NAME, VllmSetup, find_vllm, prepare
@@ -65,6 +65,9 @@ class Options:
     load_delay: float = 1.0
     balancer: str = "auto"
     gateway_retry: bool = False
+    envoy_retry: str | None = None  # --balancer envoy: its retry profile (envoy.RETRIES; default none)
+    active_hc: bool = False  # --balancer envoy: active health checking of /ready every 30 s
+    announce_drain: bool = True  # the graceful side's responses announce its drain (GRACEFUL_ANNOUNCE_DRAIN)
     handoff_streams: bool = False  # the graceful side hands resumable streams off after the propagation wait
     resume: bool = False  # clients send through graceful's resuming transport (graceful soak --resume)
     quick: bool = False
@@ -186,6 +189,18 @@ class Options:
                 f"--gateway-retry: --balancer {self.balancer} has no L7 retry to turn on; "
                 f"use --balancer {' or --balancer '.join(L7_BALANCERS)}"
             )
+        for flag, given in (("--envoy-retry", self.envoy_retry is not None), ("--active-hc", self.active_hc)):
+            if given and self.balancer != "envoy":
+                raise ConfigError(f"{flag} configures Envoy; add --balancer envoy (here: --balancer {self.balancer})")
+        if self.gateway_retry and self.envoy_retry not in (None, "not-started"):
+            raise ConfigError(
+                f"--gateway-retry is --envoy-retry not-started with Envoy, not {self.envoy_retry}; drop one of the two"
+            )
+
+    @property
+    def retries_refusals(self) -> bool:
+        """Whether the balancer retries a not-started 503 on another replica."""
+        return self.gateway_retry or self.envoy_retry in ("not-started", "istio-503")
 
     def with_vllm_model(self) -> Options:
         """With --vllm: the command and the model (made once, in seconds; cached under .vllm/).
@@ -212,6 +227,7 @@ class Options:
             load_delay=self.load_delay,
             ignore_term=self.scenario == "ignore-term",
             handoff_streams=self.handoff_streams,
+            announce_drain=self.announce_drain,
             log_dir=log_dir,
             vllm=self.vllm_setup,
         )
@@ -296,7 +312,13 @@ async def run_side(
     if options.vllm and options.vllm_setup is None:
         options = await anyio.to_thread.run_sync(options.with_vllm_model)
     slots = options.replicas * (options.updates + 1) + 2
-    async with open_balancer(options.balancer, slots=slots, gateway_retry=options.gateway_retry) as balancer:
+    async with open_balancer(
+        options.balancer,
+        slots=slots,
+        gateway_retry=options.gateway_retry,
+        envoy_retry=options.envoy_retry,
+        active_hc=options.active_hc,
+    ) as balancer:
         rollout = Rollout(balancer, options.settings(kind, log_dir), options.plan(kind), log=log)
         try:
             await rollout.start()
@@ -335,6 +357,8 @@ async def run_side(
                     sink.close()
             # vLLM keeps no execution counts: duplicates come from the answers alone.
             executions, lost = (None, 0) if options.vllm else await _executions(rollout)
+            if isinstance(balancer, Envoy):
+                await balancer.read_announcements(rollout.terminations)
         finally:
             await rollout.close()
         notes = []

@@ -56,6 +56,13 @@ class Termination:
     exit_code: int | None = None
     executions: dict[str, int] | None = None
     wall_t0: float = field(default_factory=time.time)
+    port: int = 0
+    # Behind Envoy (its access log): when the replica's first response announcing its drain
+    # reached Envoy, when Envoy last sent it a request, and how many requests it sent more
+    # than 1.5 s after that announcement.
+    announced: float | None = None
+    last_sent: float | None = None
+    sent_after_announcement: int = 0
 
 
 class Rollout:
@@ -111,7 +118,7 @@ class Rollout:
         """The termination sequence for one replica; never takes longer than grace + the hook extension."""
         plan, grace = self.plan, self.settings.grace_period
         t0 = time.monotonic()
-        record = Termination(replica.name, t0)
+        record = Termination(replica.name, t0, port=replica.port)
         self.log(f"  T0 delete {replica.name}")
 
         async def unlist() -> None:
