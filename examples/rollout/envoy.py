@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -259,6 +260,35 @@ class Envoy:
                 }
             ],
         }
+
+    def validate(self, bootstrap: dict[str, Any] | None = None) -> str | None:
+        """``envoy --mode validate`` on ``bootstrap`` (default: this one's): None if accepted, else Envoy's error."""
+        directory = os.path.join(self.directory, "validate")
+        os.makedirs(os.path.join(directory, "eds"), exist_ok=True)
+        config = json.loads(json.dumps(bootstrap or self.bootstrap()))  # a copy, pointed at a scratch EDS file
+        scratch = os.path.join(directory, "eds", "pods.json")
+        for cluster in config["static_resources"]["clusters"]:
+            source = cluster["eds_cluster_config"]["eds_config"]["path_config_source"]
+            source["path"], source["watched_directory"]["path"] = scratch, os.path.dirname(scratch)
+        with open(scratch, "w", encoding="utf-8") as out:
+            json.dump(self.assignment(), out)
+        path = os.path.join(directory, "envoy.json")
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(config, out)
+        checked = subprocess.run(
+            [self.binary, "--mode", "validate", "-c", path, "--disable-hot-restart", "--log-level", "error"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return None if checked.returncode == 0 else (checked.stdout + checked.stderr).strip()[-2000:]
+
+    def with_route(self, route: dict[str, Any]) -> dict[str, Any]:
+        """This bootstrap with ``route``'s fields set in its one route (a control plane's patch, merged)."""
+        bootstrap = self.bootstrap()
+        manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"].update(route)
+        return bootstrap
 
     # -- the process ----------------------------------------------------------------------
 
