@@ -87,15 +87,15 @@ def retry_policy(profile: str) -> dict[str, Any] | None:
     if profile == "none":
         return None
     if profile in ("istio", "istio-503"):
-        # Istio's DefaultPolicy (pilot/pkg/networking/core/route/retry/retry.go).
+        # Istio's default route retry (pilot/pkg/networking/core/route/retry/retry.go): since 1.24
+        # (istio/istio#52111) its list of retriable status codes is empty, before it held 503.
         policy: dict[str, Any] = {
-            "retry_on": "connect-failure,refused-stream,unavailable,cancelled",
+            "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
             "num_retries": 2,
             "retry_host_predicate": previous_hosts,
             "host_selection_retry_max_attempts": 5,
         }
         if profile == "istio-503":
-            policy["retry_on"] += ",retriable-status-codes"
             policy["retriable_status_codes"] = [503]
         return policy
     if profile == "not-started":
