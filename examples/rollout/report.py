@@ -151,7 +151,7 @@ def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
         other = failed - reasons["rejected_retryable"]
         if other:
             broken.append(f"{other} failure(s) other than explicit retryable 503s")
-    if options.active_hc and options.announce_drain:
+    if options.active_hc and options.announce_drain and options.scenario != "node-loss":  # a lost node never drains
         # Push: an Envoy that health-checks the replicas takes each out at its first response
         # announcing the drain (plus its update_merge_window, 1 s).
         if graceful["sent_after_announcement"]:

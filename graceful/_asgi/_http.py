@@ -240,7 +240,7 @@ class Call(Tracked):
         try:
             if not self.started():
                 close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in HTTP1 else []
-                await json_response(send, 503, shutdown_error(), close)
+                await json_response(send, 503, shutdown_error(), [*close, *self.shared.drain_headers()])
             else:
                 frame = self._final_frame()(self.content_type())
                 if frame is not None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -95,17 +97,50 @@ async def test_the_result_says_when_the_drain_was_announced_and_why_propagation_
 
 async def test_announce_drain_off_sends_nothing(registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
     """announce_drain=False, and GRACEFUL_ANNOUNCE_DRAIN=0 alike: no response of the drain carries
-    it, and the result says none was announced; the wait ends by propagation_wait."""
+    it (admitted, probe, refusal), and the result says none was announced."""
     monkeypatch.setenv("GRACEFUL_ANNOUNCE_DRAIN", "0")
     for mw in (middleware(registry, announce_drain=False), middleware(CollectorRegistry())):
-        mw.drain.begin_drain("test", propagation_wait=0.1)
+        mw.drain.begin_drain("test", propagation_wait=10, propagation_quiet=0.2)
         async with client(mw) as c:
             responses = [await c.post("/v1/echo", content=b"x"), await c.get("/ready")]
             result = await mw.drain.drain()
             responses.append(await c.post("/v1/echo", content=b"y"))
         assert [r.status_code for r in responses] == [200, 503, 503]
         assert all(HEADER not in r.headers for r in responses)
-        assert result.announced is None and result.propagation_ended_by == "propagation_wait"
+        assert result.drained and result.announced is None and result.propagation_ended_by == "quiet"
+
+
+async def test_no_announcement_outside_a_drain(registry: CollectorRegistry) -> None:
+    """Refusals and failing probes that are not a drain's carry nothing: STARTING (its refusal and
+    /ready), SERVING at the reject_over limit and /ready at max_in_flight, and SERVING again after
+    a drain is resumed."""
+    gate = anyio.Event()
+
+    async def held(request: Request) -> JSONResponse:
+        await gate.wait()
+        return JSONResponse({})
+
+    app = Starlette(routes=[Route("/v1/echo", echo, methods=["POST"]), Route("/v1/held", held)])
+    mw = GracefulMiddleware(app, registry=registry, admin=False, max_in_flight=1, reject_over=1, ready_on_startup=False)
+    async with LifespanManager(mw), client(mw) as c:
+        starting = [await c.post("/v1/echo", content=b"x"), await c.get("/ready")]
+        assert [r.status_code for r in starting] == [503, 503]
+        mw.drain.mark_serving()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.get, "/v1/held")
+            with anyio.fail_after(5):
+                while mw.drain.in_flight < 1:
+                    await anyio.sleep(0.01)
+            full = [await c.post("/v1/echo", content=b"x"), await c.get("/ready")]
+            gate.set()
+        assert [r.status_code for r in full] == [503, 503]
+        assert full[0].json()["error"]["type"] == "server_overloaded"
+        mw.drain.begin_drain("test", propagation_wait=10)
+        assert (await c.get("/ready")).headers[HEADER] == "true"
+        assert mw.drain.resume()
+        resumed = [await c.post("/v1/echo", content=b"x"), await c.get("/ready")]
+        assert [r.status_code for r in resumed] == [200, 200]
+    assert all(HEADER not in r.headers for r in (*starting, *full, *resumed))
 
 
 def test_a_bad_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,7 +112,7 @@ def tokens_for(server: VllmServer, seconds: float) -> int:
     started = time.monotonic()
     stream.wait(60).assert_whole()
     rate = 127 / max(stream.ended_at - started, 1e-3)
-    return max(64, int(rate * seconds))
+    return min(max(64, int(rate * seconds)), 12000)  # inside the server's --max-model-len of 16384
 
 
 def wait_for(check: Callable[[], bool], limit: float, what: str) -> None:
