@@ -160,6 +160,15 @@ def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
             )
         if None in graceful["announced"]:
             broken.append("an old replica's drain was never announced in Envoy's access log")
+        if options.propagation_quiet is not None and graceful["exit_max"] is not None:
+            # Traffic stops about 1 s after the drain's start, the wait one quiet period later;
+            # then the streams in flight end. 4 s covers the hook's start and the exit.
+            bound = 4.0 + options.propagation_quiet - 1.0 + options.longest_stream
+            if graceful["exit_max"] > bound:
+                broken.append(
+                    f"old replica exit {graceful['exit_max']:.1f} s after T0 (bound with the announcement: "
+                    f"4 s + quiet beyond 1 s + longest stream = {bound:.1f} s)"
+                )
     if options.scenario == "observed-propagation":
         if failed:
             broken.append(f"failed={failed}")
