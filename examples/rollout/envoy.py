@@ -351,6 +351,8 @@ class Envoy:
                         version = (await client.get(f"http://{self._admin}/server_info")).json()["version"]
                     except (httpx.HTTPError, ValueError, KeyError, IndexError):
                         self.port = 0
+                    if self.port and not await self._live(client):
+                        self.port = 0  # listening, but its initial configuration is not all in yet
                     if self.port:
                         release = version.split("/")[1] if "/" in version else version
                         retry = f"retry {self.retry}" + (
@@ -376,20 +378,39 @@ class Envoy:
             json.dump(self.assignment(), out)
         os.rename(staging, self._eds)
 
+    async def _live(self, client: httpx.AsyncClient) -> bool:
+        """Whether Envoy's admin ``/ready`` says LIVE: its clusters and listeners have initialised."""
+        try:
+            return (await client.get(f"http://{self._admin}/ready")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     async def _push(self) -> None:
-        """Write the endpoints and wait (5 s at most) until Envoy's cluster lists exactly them."""
+        """Write the endpoints and wait (5 s at most) until Envoy's cluster lists exactly them.
+
+        Replicas start at once, so pushes overlap: each waits for the endpoints as they are now,
+        which the last push wrote.
+        """
         self._write_eds()
-        wanted = {f"127.0.0.1:{port}" for port in self._endpoints.values()}
         deadline = time.monotonic() + 5
+        seen = "nothing yet"
         async with httpx.AsyncClient(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 try:
-                    if await self._hosts(client) == wanted:
+                    hosts = await self._hosts(client)
+                except (httpx.HTTPError, ValueError, KeyError) as exc:
+                    seen = f"no list: {exc!r}"
+                else:
+                    if hosts == self._wanted():
                         return
-                except (httpx.HTTPError, ValueError, KeyError):
-                    pass
+                    seen = ", ".join(sorted(hosts)) or "none"
                 await asyncio.sleep(0.02)
-        raise RuntimeError(f"envoy did not take the endpoints {sorted(wanted)} within 5 s: {self._tail()}")
+        raise RuntimeError(
+            f"envoy did not take the endpoints {sorted(self._wanted())} within 5 s (it lists {seen}): {self._tail()}"
+        )
+
+    def _wanted(self) -> set[str]:
+        return {f"127.0.0.1:{port}" for port in self._endpoints.values()}
 
     async def _hosts(self, client: httpx.AsyncClient) -> set[str]:
         clusters = (await client.get(f"http://{self._admin}/clusters?format=json")).json()
