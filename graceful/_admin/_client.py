@@ -14,9 +14,10 @@ import socket as _socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from ._paths import default_socket_dir
+from ._wire import Broken, Unreachable, close, exchange
 
 # typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
 TYPE_CHECKING = False
@@ -71,169 +72,12 @@ def discover(socket_dir: str | None = None, socket: str | None = None) -> list[s
     return paths
 
 
-# A status line and headers longer than this are not from our server.
-_MAX_HEAD = 16 * 1024
-_MAX_LINE = 1024 * 1024
 # A small request (status, resume) gets this long, connect to last byte.
 _REQUEST_TIMEOUT = 5.0
 # A drain's answer has a line every second (progress); this long without a byte means the
 # server stopped answering, whatever the drain's own limit. It bounds a hook run without
 # --timeout too.
 _DRAIN_SILENCE = 30.0
-
-
-class _Unreachable(Exception):
-    """Nothing accepts connections on the socket."""
-
-
-class _Broken(Exception):
-    """The answer stopped, ran out of time, or was not the HTTP/1.1 the admin server sends."""
-
-
-class _Answer:
-    """One response read off a blocking socket: its status, then its body chunk by chunk or line by line.
-
-    Every read ends by ``deadline`` (``time.monotonic()``), and after ``silence`` seconds
-    without a byte; ``None`` leaves that bound out.
-    """
-
-    def __init__(self, sock: _socket.socket, deadline: float | None, silence: float | None = None) -> None:
-        self.status = 0
-        self._sock = sock
-        self._deadline = deadline
-        self._silence = silence
-        self._chunked = False
-        self._left: int | None = None
-        self._buffer = b""
-
-    def _more(self) -> bytes:
-        wait = self._silence
-        if self._deadline is not None:
-            left = self._deadline - time.monotonic()
-            if left <= 0:
-                raise _Broken("no answer in time")
-            wait = left if wait is None else min(wait, left)
-        self._sock.settimeout(wait)
-        try:
-            return self._sock.recv(65536)
-        except TimeoutError:
-            if self._silence is not None and wait == self._silence:
-                raise _Broken(f"the server sent nothing for {self._silence:g} s") from None
-            raise _Broken("no answer in time") from None
-        except OSError:
-            return b""
-
-    def _fill(self, size: int) -> None:
-        while len(self._buffer) < size:
-            data = self._more()
-            if not data:
-                raise _Broken("the connection closed mid-answer")
-            self._buffer += data
-
-    def _until(self, marker: bytes, cap: int) -> bytes:
-        while (end := self._buffer.find(marker)) < 0:
-            if len(self._buffer) > cap:
-                raise _Broken("an answer line is too long")
-            data = self._more()
-            if not data:
-                raise _Broken("the connection closed mid-answer")
-            self._buffer += data
-        line, self._buffer = self._buffer[:end], self._buffer[end + len(marker) :]
-        return line
-
-    def read_head(self) -> None:
-        head = self._until(b"\r\n\r\n", _MAX_HEAD)
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise _Broken(f"not an HTTP answer: {status_line[:60]!r}")
-        headers = {}
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = headers.get("content-length", "")
-        self.status = int(parts[1])
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self._left = int(length) if length.isdigit() else None
-
-    def chunks(self) -> Iterator[bytes]:
-        if self._chunked:
-            while True:
-                size_line = self._until(b"\r\n", 64)
-                try:
-                    size = int(size_line.split(b";", 1)[0], 16)
-                except ValueError:
-                    raise _Broken("a bad chunk size") from None
-                if size == 0:
-                    return
-                self._fill(size + 2)
-                chunk, self._buffer = self._buffer[:size], self._buffer[size + 2 :]
-                yield chunk
-        left = self._left
-        while left is None or left > 0:
-            data, self._buffer = self._buffer or self._more(), b""
-            if not data:
-                if left is None:
-                    return
-                raise _Broken("the connection closed mid-answer")
-            if left is not None:
-                data = data[:left]
-                left -= len(data)
-            yield data
-
-    def body(self) -> bytes:
-        return b"".join(self.chunks())
-
-    def lines(self) -> Iterator[bytes]:
-        pending = b""
-        for chunk in self.chunks():
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            yield from complete
-            if len(pending) > _MAX_LINE:
-                raise _Broken("an answer line is too long")
-        if pending:
-            yield pending
-
-
-def _exchange(
-    path: str,
-    method: str,
-    target: str,
-    deadline: float | None,
-    opened: list[_socket.socket],
-    silence: float | None = None,
-) -> _Answer:
-    """Send one request without a body and read the answer's head; the body is the caller's to read.
-
-    The socket goes into ``opened``: the caller closes it, which also stops a read in another thread.
-    """
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    opened.append(sock)
-    sock.settimeout(silence if deadline is None else max(0.001, deadline - time.monotonic()))
-    try:
-        sock.connect(path)
-    except TimeoutError:
-        raise _Broken("no answer in time") from None
-    except OSError as exc:
-        raise _Unreachable(str(exc)) from None
-    request = f"{method} {target} HTTP/1.1\r\nHost: graceful\r\nContent-Length: 0\r\n\r\n"
-    try:
-        sock.sendall(request.encode("ascii"))
-    except OSError:
-        raise _Broken("the connection closed before the request was sent") from None
-    answer = _Answer(sock, deadline, silence)
-    answer.read_head()
-    return answer
-
-
-def _close(sockets: list[_socket.socket]) -> None:
-    for sock in sockets:
-        try:
-            sock.shutdown(_socket.SHUT_RDWR)
-        except OSError:
-            pass
-        sock.close()
 
 
 def _in_threads(work: Callable[[str], None], paths: list[str], limit: float | None, tick: Callable[[], None]) -> None:
@@ -259,15 +103,15 @@ def request_all(paths: list[str], method: str, url: str) -> dict[str, dict[str, 
 
     def one(path: str) -> None:
         try:
-            answer = _exchange(path, method, url, time.monotonic() + _REQUEST_TIMEOUT, opened)
+            answer = exchange(path, method, url, time.monotonic() + _REQUEST_TIMEOUT, opened)
             answers[path] = json.loads(answer.body())
-        except (_Unreachable, _Broken, ValueError):
+        except (Unreachable, Broken, ValueError):
             answers[path] = None
 
     try:
         _in_threads(one, paths, _REQUEST_TIMEOUT + 1.0, lambda: None)
     finally:
-        _close(opened)
+        close(opened)
     return dict(answers)
 
 
@@ -305,6 +149,9 @@ class WorkerDrain:
         self.error = error
         self.reachable = reachable
         self.refused = False  # the server answered 400: it judged the drain's options wrong
+        # The work in flight at the drain's start, judged by the durations the server saw
+        # (``Drain.outlook``): in_flight, left, at_risk, expected, seen.
+        self.outlook: dict[str, Any] | None = None
 
     @property
     def done(self) -> bool:
@@ -322,8 +169,10 @@ def drain_all(
     reason: str = "cli",
     propagation_quiet: float | None = None,
     on_tick: Callable[[list[WorkerDrain]], None] | None = None,
+    on_start: Callable[[WorkerDrain], None] | None = None,
 ) -> list[WorkerDrain]:
-    """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs.
+    """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs,
+    ``on_start`` once per worker when its drain has begun (from that worker's thread).
 
     Blocks until every worker has sent its final line, until the drain's own limit plus a
     margin has passed, or until a worker has sent nothing for ``_DRAIN_SILENCE`` seconds.
@@ -337,7 +186,7 @@ def drain_all(
     def one(path: str) -> None:
         worker = workers[path]
         try:
-            answer = _exchange(path, "POST", "/drain?" + _query(params), None, opened, _DRAIN_SILENCE)
+            answer = exchange(path, "POST", "/drain?" + _query(params), None, opened, _DRAIN_SILENCE)
             if answer.status != 200:
                 body = answer.body().decode(errors="replace").strip()
                 worker.refused = answer.status == 400  # the server judged the options wrong: no drain began
@@ -345,11 +194,14 @@ def drain_all(
                 return
             for line in answer.lines():
                 if line.strip():
-                    _absorb(worker, json.loads(line))
-        except _Unreachable:
+                    event = json.loads(line)
+                    _absorb(worker, event)
+                    if on_start is not None and event.get("event") == "status":
+                        on_start(worker)
+        except Unreachable:
             worker.reachable = False
             return
-        except (_Broken, ValueError) as exc:
+        except (Broken, ValueError) as exc:
             if not given_up.is_set():  # else the socket was closed under it: the limit passed
                 worker.error = f"lost the connection before the drain ended ({exc})"
             return
@@ -364,7 +216,7 @@ def drain_all(
         for worker in workers.values():
             if not worker.done:
                 worker.error = "no final answer in time"
-        _close(opened)
+        close(opened)
     if not any(worker.reachable for worker in workers.values()):
         raise NoServer("no graceful server found: nothing is listening on " + ", ".join(paths))
     return list(workers.values())
@@ -376,6 +228,8 @@ def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
         worker.pid = line.get("pid")
         worker.deadline = line.get("deadline")
         worker.in_flight = int(line.get("in_flight") or 0)
+        ahead = line.get("outlook")
+        worker.outlook = ahead if isinstance(ahead, dict) else None
     elif event == "progress":
         worker.in_flight = int(line.get("in_flight") or 0)
         worker.handed_off = int(line.get("handed_off") or 0)

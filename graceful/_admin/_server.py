@@ -226,6 +226,7 @@ class _Exchange:
         if request.method != method:
             return await self._answer(405, {"error": f"{target.path} takes {method.decode()}"}, ((b"allow", method),))
         if target.path == "/status":
+            self.drain.sweep()  # durations up to this instant, not the last periodic sweep's
             return await self._answer(200, self.drain.status().as_dict())
         if target.path == "/resume":
             resumed = self.drain.resume()
@@ -234,14 +235,16 @@ class _Exchange:
             options = _drain_options(target.query)
             # Values the parser cannot judge alone (propagation_quiet against the wait)
             # get their 400 here, before the stream begins.
-            self.drain.check_overrides(
+            _, _, limit = self.drain.check_overrides(
                 propagation_wait=options["propagation_wait"],
                 propagation_quiet=options["propagation_quiet"],
                 timeout=options["timeout"],
             )
         except ConfigError as exc:
             return await self._answer(400, {"error": str(exc)})
-        await self._stream_drain(**options)
+        # The work in flight as the drain finds it, judged by the durations seen (the hook prints it).
+        ahead = self.drain.outlook(limit).as_dict()
+        await self._stream_drain(ahead, **options)
 
     async def _read_request(self) -> h11.Request | None:
         request: h11.Request | None = None
@@ -294,7 +297,13 @@ class _Exchange:
             await self._answer(status, {"error": message})
 
     async def _stream_drain(
-        self, *, propagation_wait: float | None, propagation_quiet: float | None, timeout: float | None, reason: str
+        self,
+        ahead: dict[str, object],
+        *,
+        propagation_wait: float | None,
+        propagation_quiet: float | None,
+        timeout: float | None,
+        reason: str,
     ) -> None:
         drain = self.drain
         done = anyio.Event()
@@ -320,7 +329,7 @@ class _Exchange:
         self.tg.start_soon(run_drain)
         headers = [*_NDJSON, (b"connection", b"close")]
         await self._send(h11.Response(status_code=200, headers=headers))
-        await self._line({"event": "status", **drain.status().as_dict()})
+        await self._line({"event": "status", **drain.status().as_dict(), "outlook": ahead})
         while not done.is_set():
             with anyio.move_on_after(1.0):
                 await done.wait()

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
+from .._drain._observed import SWEEP
 from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
+    from .._drain._state import Drain
     from ._metrics import MultiprocessMirror
 
 logger = logging.getLogger("graceful")
@@ -107,7 +109,8 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
 
 
 class _Services:
-    """What lives for the lifespan of the process: the admin listener and the metrics mirror."""
+    """What lives for the lifespan of the process: the admin listener, the metrics mirror and the
+    ledger's sweep (the request durations)."""
 
     def __init__(self, shared: Shared) -> None:
         self.shared = shared
@@ -128,6 +131,7 @@ class _Services:
                         await tg.start(server.serve)
                     if shared.mirror is not None:
                         tg.start_soon(_mirror_loop, shared.mirror)
+                    tg.start_soon(_sweep_loop, shared.drain)
                     drain = shared.drain
                     if drain.config.drain_on_sigterm and drain.signals_owner is None:
                         from ._signals import SignalDrain
@@ -141,6 +145,12 @@ class _Services:
         if self.started:
             self.scope.cancel()
             await self.stopped.wait()
+
+
+async def _sweep_loop(drain: Drain) -> None:
+    while True:
+        await anyio.sleep(SWEEP)
+        drain.sweep()
 
 
 async def _mirror_loop(mirror: MultiprocessMirror) -> None:

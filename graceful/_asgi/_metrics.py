@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .._drain._observed import KINDS
 from .._drain._state import Drain
 from .._drain._status import State
 
@@ -51,6 +52,12 @@ HISTOGRAMS = {
         (0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0),
     ),
 }
+DURATIONS = (
+    "graceful_request_duration_seconds",
+    "How long finished requests took, from admission to the last frame the server took (or the "
+    "disconnect, error or deadline that ended them), by kind: stream (body frames before the last, "
+    "or a WebSocket session) or plain (every other request, and tracked jobs).",
+)
 
 # One graceful collector per registry: a newer Drain replaces an older one instead of
 # failing with "Duplicated timeseries" (tests, reloads).
@@ -76,6 +83,22 @@ class GracefulCollector(Collector):
         for group, samples in drain.tally.samples().items():
             name, doc, bounds = HISTOGRAMS[group]
             yield _histogram(name, doc, bounds, samples)
+        yield _durations(drain)
+
+
+def _durations(drain: Drain) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(*DURATIONS, labels=["kind"])
+    durations = drain.tally.durations
+    for kind, name in enumerate(KINDS):
+        histogram = durations.histogram(kind)
+        buckets: list[tuple[str, float]] = []
+        seen = 0
+        for bound, count in zip(histogram.bounds, histogram.counts):
+            seen += count
+            buckets.append((repr(bound), float(seen)))
+        buckets.append(("+Inf", float(histogram.count)))
+        family.add_metric([name], buckets, histogram.total)
+    return family
 
 
 def _counter(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:

@@ -23,6 +23,7 @@ async def _drop(message: Message) -> None:
 
 class _Socket(Tracked):
     __slots__ = ("shared", "scope", "_receive", "_send", "cancel_scope", "accepted")
+    last = b""  # a session counts as a stream in the durations, whatever it sent
 
     def __init__(self, shared: Shared, scope: Scope, receive: Receive, send: Send) -> None:
         super().__init__(shared.drain)

@@ -162,6 +162,11 @@ def run_drain(
         if not quiet:
             _say(_progress_line(workers, time.monotonic() - started))
 
+    def begun(worker: WorkerDrain) -> None:
+        line, at_risk = _outlook_line(worker)
+        if line and (at_risk or not quiet):
+            _say(line)
+
     try:
         paths = discover(socket_dir, socket)
         workers = drain_all(
@@ -170,6 +175,7 @@ def run_drain(
             propagation_quiet=propagation_quiet,
             timeout=timeout,
             on_tick=progress,
+            on_start=begun,
         )
     except NoServer as exc:
         _say(f"graceful: {exc}")
@@ -221,6 +227,29 @@ def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
     elif any(w.progressed for w in running):
         line += ", propagation over"
     return line
+
+
+def _outlook_line(worker: WorkerDrain) -> tuple[str, int]:
+    """What the worker's drain starts with: its work in flight judged by the durations it has seen,
+    and how many may outlast the deadline ("" when the server sent no outlook)."""
+    ahead = worker.outlook
+    if not ahead:
+        return "", 0
+    name = f"worker {worker.pid}" if worker.pid else worker.path
+    in_flight, left, seen = ahead.get("in_flight", 0), ahead.get("left", 0.0), ahead.get("seen", 0)
+    at_risk, expected = int(ahead.get("at_risk") or 0), float(ahead.get("expected") or 0.0)
+    start = f"{name}: {in_flight} in flight at the drain's start, {left:.0f} s to the deadline"
+    if not in_flight:
+        return start, 0
+    if not seen:
+        return f"{start}; no finished request seen yet to judge them by", 0
+    if not at_risk:
+        return f"{start}; by the {seen} requests seen, none should outlast it", 0
+    return (
+        f"{start}; by the {seen} requests seen, {at_risk} may outlast it "
+        f"(about {expected:.1f} expected to be cut; graceful advise says which grace period holds them)",
+        at_risk,
+    )
 
 
 def _propagation_note(result: dict[str, Any]) -> str:

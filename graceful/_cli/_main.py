@@ -1,4 +1,4 @@
-"""The ``graceful`` command line: drain, status, resume and run.
+"""The ``graceful`` command line: drain, status, resume, run and advise.
 
 Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
 2 usage or configuration error, 3 no server found.
@@ -132,6 +132,56 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
     for body in answers.values():
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(body["since"])))
         click.echo(f"{body['pid']:>8}  {body['state']:<9} {body['in_flight']:>9}  {since}")
+
+
+@cli.command("advise")
+@socket_dir_option
+@socket_option
+@click.option("--engine", type=click.Choice(ENGINES), default=None, help="Read an engine's request-duration histogram.")
+@click.option("--metrics-url", default=None, help="The engine's metrics page [the engine's default].")
+@click.option("--histogram", default=None, help="The request-duration histogram to read [the engine's].")
+# Durations are read by ``run_advise``: a wrong one gets a one-line message, as every other problem does.
+@click.option("--grace-period", default=None, help="Judge this grace period [the server's].")
+@click.option("--reserve", default=None, help="Judge this reserve [the server's, else the default rule].")
+@click.option("--propagation-wait", default=None, help="The preStop hook's propagation wait [the server's].")
+@click.option("--propagation-quiet", default=None, help="The hook's quiet rule [the server's].")
+@click.option("--timeout", default=None, help="The drain timeout [the server's].")
+@click.option(
+    "--admit-during-propagation/--no-admit-during-propagation",
+    default=None,
+    help="Judge this admission mode [the server's; engines: admit].",
+)
+@click.option(
+    "--max-cut",
+    default="0",
+    show_default=True,
+    help="Exit 1 when the budget leaves more than this share of the requests seen at risk (1% or 0.01).",
+)
+@click.option("--max-grace-period", default=None, help="The longest grace period the platform allows.")
+@click.option("--json", "json_output", is_flag=True, help="Print the advice as JSON on stdout.")
+@click.pass_context
+def advise_command(ctx: click.Context, /, **options: Any) -> None:
+    """Say which grace period, propagation wait and timeout the traffic seen needs.
+
+    Reads every worker's request durations over the admin socket (or, with --engine or
+    --metrics-url, an engine's histogram) and judges the budget in force by them. Exit 0
+    when it covers them (within --max-cut), 1 when it does not, 2 on bad usage, 3 when
+    no server answers.
+    """
+    from ._advise import run_advise
+
+    if options["socket_dir"] and options["socket"]:
+        _fail(ctx, BOTH_SOCKETS)
+    given = {
+        "grace_period": options.pop("grace_period"),
+        "reserve": options.pop("reserve"),
+        "propagation_wait": options.pop("propagation_wait"),
+        "propagation_quiet": options.pop("propagation_quiet"),
+        "drain_timeout": options.pop("timeout"),
+    }
+    admit = options.pop("admit_during_propagation")
+    max_grace = options.pop("max_grace_period")
+    ctx.exit(run_advise(**options, given=given, admit=admit, max_grace=max_grace))
 
 
 @cli.command("resume")

@@ -11,12 +11,14 @@ ledger's fields are this module's alone.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
+from ._observed import BOUNDS, PLAIN
 from ._status import OUTCOMES, State, Tally
 
 __all__ = [
@@ -49,7 +51,9 @@ class Ledger:
 
     ``Drain`` is one. ``_items`` maps each item to the ``time.monotonic()`` of its admission,
     ``_outcomes`` counts finished items by outcome, and ``_waker`` (the current drain run's
-    ``wake``) is called when the ledger empties.
+    ``wake``) is called when the ledger empties. ``sweep`` counts the durations of finished
+    items into the tally's ``Durations``: ``_watched`` is what the last sweep saw in flight,
+    ``_swept`` when, and ``_released`` how many items had finished by then.
     """
 
     state: State
@@ -58,6 +62,9 @@ class Ledger:
         self.tally = tally
         self._items: dict[Tracked, float] = {}
         self._outcomes = tally.outcomes
+        self._watched: list[tuple[Tracked, float]] = []
+        self._swept = _monotonic()
+        self._released = 0
         self._waker: Callable[[], None] | None = None
 
     def wake_when_empty(self, waker: Callable[[], None] | None) -> None:
@@ -92,6 +99,40 @@ class Ledger:
         now = time.monotonic()
         return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self._items.items())
 
+    def ages(self) -> list[tuple[float, bool]]:
+        """For each item in flight: how long it has run, and whether it has streamed (off the hot path)."""
+        now = time.monotonic()
+        return [(now - admitted, item.last is not None) for item, admitted in self._items.items()]
+
+    def sweep(self) -> None:
+        """Count the durations of the work finished since the last sweep (``_observed``; off the hot path).
+
+        Run every ``SWEEP`` seconds by the middleware's lifespan. Work seen in flight by the last
+        sweep and finished since counts from its admission to now: its duration, rounded up by
+        less than the time between two sweeps. Work admitted and finished between two sweeps was
+        shorter than that time; it counts as plain, at that time.
+        """
+        now = _monotonic()
+        durations = self.tally.durations
+        counts, sums = durations.counts, durations.sums
+        released = sum(self._outcomes)
+        seen = 0
+        for item, admitted in self._watched:
+            if not item.open:
+                seen += 1
+                elapsed = now - admitted
+                kind = item.last is not None  # STREAM (1) or PLAIN (0)
+                counts[kind][bisect_left(BOUNDS, elapsed)] += 1
+                sums[kind] += elapsed
+        short = released - self._released - seen
+        if short > 0:
+            between = now - self._swept
+            counts[PLAIN][bisect_left(BOUNDS, between)] += short
+            sums[PLAIN] += short * between
+        self._watched = list(self._items.items())
+        self._released = released
+        self._swept = now
+
     def count_truncated(self, reason: str) -> None:
         self.tally.add(self.tally.truncated, reason)
 
@@ -110,9 +151,14 @@ _DONE = _Done()
 
 
 class Tracked:
-    """One unit of work in flight, counted from admission until it finishes."""
+    """One unit of work in flight, counted from admission until it finishes.
+
+    ``last`` is the last body frame it streamed (an HTTP call sets it per frame); work with
+    one counts as a stream in the durations (``_observed.KINDS``), other work as plain.
+    """
 
     __slots__ = ("ledger", "open")
+    last: bytes | None = None
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
@@ -121,9 +167,11 @@ class Tracked:
     async def finish_after(self, sent: Awaitable[None], outcome: int) -> None:
         """Await ``sent`` (the server taking the last frame), then release this item with ``outcome``.
 
-        The one code that ends an item's count. The middleware returns it as the awaitable of the
-        last frame's ``send``, so the release costs the hot path no call of its own; ``finish``
-        runs it with nothing to wait for. Once released, later calls do nothing.
+        The one code that ends an item's count (its duration is counted later, by ``sweep``: a
+        clock read here would cost a request more than the rest of its release). The middleware
+        returns it as the awaitable of the last frame's ``send``, so the release costs the hot
+        path no call of its own; ``finish`` runs it with nothing to wait for. Once released,
+        later calls do nothing.
         """
         await sent
         if self.open:

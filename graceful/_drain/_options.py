@@ -99,6 +99,17 @@ class DrainConfig:
             propagation_quiet=self.propagation_quiet,
         )
 
+    def in_force(self) -> dict[str, object]:
+        """The budget's options as the admin status shows them (``graceful advise`` reads them)."""
+        return {
+            "grace_period": self.grace_period,
+            "reserve": self.reserve,
+            "drain_timeout": self.drain_timeout,
+            "propagation_wait": self.propagation_wait,
+            "propagation_quiet": self.propagation_quiet,
+            "admit_during_propagation": self.admit_during_propagation,
+        }
+
     def overridden(
         self, propagation_wait: float | str | None, propagation_quiet: float | str | None, timeout: float | str | None
     ) -> tuple[float, float | None, float]:

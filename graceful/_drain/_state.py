@@ -16,7 +16,9 @@ from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any
 
+from ._advice import Outlook, outlook
 from ._ledger import Ledger, NotAccepting, track
+from ._observed import KINDS
 from ._options import DrainConfig
 from ._run import DrainRun
 from ._status import DRAINING, SERVING, STOPPED, DrainResult, DrainStatus, State, Tally
@@ -117,7 +119,29 @@ class Drain(Ledger):
         run = self._run
         shown = run is not None and (self.state is DRAINING or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
-        return DrainStatus(self.state, self.in_flight, os.getpid(), self.since, counters=self.counters(), **times)
+        tally = self.tally
+        return DrainStatus(
+            self.state,
+            self.in_flight,
+            os.getpid(),
+            self.since,
+            counters=self.counters(),
+            budget=self.config.in_force(),
+            durations=tally.durations.as_dict(),
+            propagation=tuple(tally.propagation_durations),
+            **times,
+        )
+
+    def outlook(self, limit: float | None = None) -> Outlook:
+        """The work in flight judged by the durations seen: how much may outlast the time left to the
+        deadline (the running drain's, else ``limit``, else the budget's)."""
+        run = self._run
+        if self.state is DRAINING and run is not None:
+            left = max(0.0, run.deadline - time.monotonic())
+        else:
+            left = self.budget.limit if limit is None else limit
+        durations = self.tally.durations
+        return outlook(self.ages(), [durations.histogram(kind) for kind in range(len(KINDS))], left)
 
     def handed_off(self) -> int:
         """Streams the current (or last) drain has handed off so far."""

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ._observed import Durations
+
 __all__ = ["OUTCOMES", "DrainOutcome", "DrainResult", "DrainStatus", "State", "Tally"]
 
 DrainOutcome = Literal["drained", "timeout", "resumed", "stopped"]
@@ -86,6 +88,11 @@ class DrainStatus:
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
     # Wall-clock time of the last new request of this drain's propagation phase, if any.
     last_request: float | None = None
+    # What the server has seen, for ``graceful advise``: the budget in force, the durations of
+    # finished work (``Durations.as_dict``) and each drain's propagation figure.
+    budget: dict[str, object] = field(default_factory=dict)
+    durations: dict[str, object] = field(default_factory=dict)
+    propagation: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -98,13 +105,24 @@ class DrainStatus:
             "propagation_until": self.propagation_until,
             "last_request": self.last_request,
             "counters": self.counters,
+            "budget": self.budget,
+            "durations": self.durations,
+            "propagation": [round(p, 6) for p in self.propagation],
         }
 
 
 class Tally:
     """What a drain counts for metrics and ``/status``, from process start."""
 
-    __slots__ = ("outcomes", "rejected", "drains", "truncated", "drain_durations", "propagation_durations")
+    __slots__ = (
+        "outcomes",
+        "rejected",
+        "drains",
+        "truncated",
+        "drain_durations",
+        "propagation_durations",
+        "durations",
+    )
 
     def __init__(self) -> None:
         self.outcomes = [0] * len(OUTCOMES)  # finished requests and jobs, by outcome index
@@ -114,6 +132,8 @@ class Tally:
         self.drain_durations: list[float] = []
         # Per drain: seconds from drain start to the last new request of the propagation phase.
         self.propagation_durations: list[float] = []
+        # How long finished work took, plain and streamed apart (``_observed``; the ledger's sweep counts it).
+        self.durations = Durations()
 
     @staticmethod
     def add(group: dict[str, int], key: str) -> None:

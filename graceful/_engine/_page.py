@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .._drain._errors import ConfigError
 
-__all__ = ["MetricSpec", "PageError", "has_only", "parse_metric", "read_metrics"]
+__all__ = ["MetricSpec", "PageError", "has_only", "parse_metric", "prefilter", "read_metrics"]
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,|$)')
@@ -71,7 +71,7 @@ class PageError(ValueError):
     """The page is not Prometheus text exposition where it matters."""
 
 
-def _prefilter(page: str, names: Collection[str]) -> str:
+def prefilter(page: str, names: Collection[str]) -> str:
     """Keep only the lines about ``names`` (and their HELP/TYPE lines), in page order.
 
     Real vLLM pages run to hundreds of KB of histogram buckets; the text parser costs
@@ -119,7 +119,7 @@ def read_metrics(page: str, names: Sequence[str]) -> dict[str, float | None]:
     exact: dict[str, float | None] = dict.fromkeys(names)
     alias: dict[str, float | None] = dict.fromkeys(names)
     try:
-        families = list(text_string_to_metric_families(_prefilter(page, {s.name for s in specs.values()})))
+        families = list(text_string_to_metric_families(prefilter(page, {s.name for s in specs.values()})))
     except (ValueError, IndexError, KeyError) as exc:
         raise PageError(f"malformed metric line ({exc})") from None
     for family in families:

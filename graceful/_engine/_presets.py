@@ -24,7 +24,8 @@ class EnginePreset:
     reads must cover. ``fresh_page`` lists the only metrics the page of an engine that
     has never served a request may hold (TGI registers its gauges at the first request):
     when no preset metric is on the page and nothing else is either, every metric reads 0.
-    ``absent_hint`` is said when a required metric is absent.
+    ``absent_hint`` is said when a required metric is absent. ``histogram`` is the engine's
+    request-duration histogram, which ``graceful advise`` reads ("" when it publishes none).
     """
 
     name: str
@@ -36,6 +37,7 @@ class EnginePreset:
     min_idle_span: float = 0.0
     fresh_page: tuple[str, ...] | None = None
     absent_hint: str = ""
+    histogram: str = ""
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -68,6 +70,8 @@ PRESETS: Mapping[str, EnginePreset] = {
             ("vllm:num_requests_waiting",),
             "http://127.0.0.1:8000/metrics",
             absent_hint="is the engine started with --disable-log-stats?",
+            # Arrival to finish (vllm/v1/metrics/loggers.py), in REQUEST_LATENCY_BUCKETS.
+            histogram="vllm:e2e_request_latency_seconds",
         ),
         EnginePreset(
             "sglang",
@@ -85,6 +89,7 @@ PRESETS: Mapping[str, EnginePreset] = {
             # prefill batch; the next refresh comes after --decode-log-interval (40) decode steps.
             min_idle_span=5.0,
             absent_hint="is the engine started with --enable-metrics?",
+            histogram="sglang:e2e_request_latency_seconds",  # sglang/srt/metrics/collector.py
         ),
         # TGI serves /metrics on its main port: 80 in the official container (PORT=80), 3000 outside it.
         EnginePreset(
@@ -95,6 +100,7 @@ PRESETS: Mapping[str, EnginePreset] = {
             # The router installs its recorder after the backend sets this gauge, so even it is
             # usually missing; tgi_request_count appears with the first request.
             fresh_page=("tgi_batch_max_total_tokens",),
+            histogram="tgi_request_duration",  # router/src/server.rs, seconds
         ),
         # Triton's pending count covers queued requests only; executing ones show in the backend's gauges.
         EnginePreset(

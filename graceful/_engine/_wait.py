@@ -32,7 +32,7 @@ from ._config import EngineConfig, EngineDrainResult, EngineOutcome, EngineProgr
 from ._page import PageError, has_only, read_metrics
 from ._presets import EnginePreset
 
-__all__ = ["MAX_PAGE_BYTES", "REFUSED_READS", "poll", "wait_idle"]
+__all__ = ["MAX_PAGE_BYTES", "REFUSED_READS", "PageTooLarge", "fetch", "poll", "wait_idle"]
 
 logger = logging.getLogger("graceful.engine")
 
@@ -63,19 +63,19 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-async def _fetch(client: httpx.AsyncClient, url: str) -> tuple[int, str, bytes]:
+async def fetch(client: httpx.AsyncClient, url: str) -> tuple[int, str, bytes]:
     """One GET, streamed so that the body is capped; httpx decodes any Content-Encoding on the way."""
     async with client.stream("GET", url) as response:
         body = bytearray()
         async for chunk in response.aiter_bytes():
             body += chunk
             if len(body) > MAX_PAGE_BYTES:
-                raise _Oversize
+                raise PageTooLarge
         return response.status_code, response.charset_encoding or "utf-8", bytes(body)
 
 
-class _Oversize(Exception):
-    pass
+class PageTooLarge(Exception):
+    """The answer ran past ``MAX_PAGE_BYTES``: not a metrics page."""
 
 
 async def _read_once(
@@ -85,7 +85,7 @@ async def _read_once(
     # The cancel scope bounds the whole read, connect to last byte.
     with anyio.move_on_after(limit):
         try:
-            status, charset, body = await _fetch(client, url)
+            status, charset, body = await fetch(client, url)
         except httpx.ConnectError as exc:
             if _refused(exc):
                 return _Read(error="connection refused", refused=True)
@@ -96,7 +96,7 @@ async def _read_once(
             return _Read(error=f"connection error: {type(exc).__name__}")
         except httpx.DecodingError as exc:
             return _Read(error=f"unreadable page: bad Content-Encoding ({exc})", unreadable=True)
-        except _Oversize:
+        except PageTooLarge:
             return _Read(error=f"unreadable page: larger than {MAX_PAGE_BYTES // 2**20} MiB", unreadable=True)
         except (httpx.HTTPError, httpx.StreamError) as exc:
             return _Read(error=f"unreadable page: {type(exc).__name__}: {exc}", unreadable=True)

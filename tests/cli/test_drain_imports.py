@@ -23,6 +23,7 @@ HOOK = {
     "graceful._cli._drain",
     "graceful._admin",
     "graceful._admin._client",
+    "graceful._admin._wire",
     "graceful._admin._paths",
     "graceful._drain",
     "graceful._drain._durations",

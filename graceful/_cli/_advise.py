@@ -1,0 +1,264 @@
+"""``graceful advise``: the budget from evidence, read from the servers (or an engine) that saw the traffic.
+
+The arithmetic is ``_drain._advice``'s; this module gathers the evidence (every worker's admin
+status, or an engine's metrics page), prints the advice and turns its verdict into an exit code:
+0 when the budget in force covers the traffic seen (or cuts no more than ``--max-cut``), 1 when it
+cuts more, 2 for bad usage, 3 when no server (or engine) answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import anyio
+import click
+
+from .._admin._client import NoServer, discover, request_all
+from .._drain._advice import Advice, Evidence, advise
+from .._drain._budget import Budget
+from .._drain._durations import default_reserve, parse_duration
+from .._drain._errors import ConfigError
+from .._drain._observed import KINDS, Histogram, ObservationError
+from ._drain import EXIT_LEFTOVER, EXIT_NO_SERVER, EXIT_OK, EXIT_USAGE
+
+__all__ = ["Problem", "engine_evidence", "parse_share", "report", "server_evidence"]
+
+
+class Problem(Exception):
+    """What keeps ``advise`` from advising, with the exit code it means."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# The command line's name of each budget value (``given``'s keys).
+_FLAGS = {
+    "grace_period": "--grace-period",
+    "reserve": "--reserve",
+    "propagation_wait": "--propagation-wait",
+    "propagation_quiet": "--propagation-quiet",
+    "drain_timeout": "--timeout",
+}
+
+
+def parse_share(text: str) -> float:
+    """``1%``, ``0.5%`` or a fraction such as ``0.01``; raises ConfigError naming the value."""
+    raw = text.strip()
+    try:
+        share = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        share = math.nan
+    if not 0.0 <= share <= 1.0:
+        raise ConfigError(f"--max-cut {text!r} is not a share; give a percentage such as 1% or a fraction such as 0.01")
+    return share
+
+
+def server_evidence(socket_dir: str | None, socket: str | None) -> tuple[Evidence, dict[str, Any]]:
+    """Every worker's durations, merged, and the budget in force (the first worker's); raises Problem."""
+    try:
+        paths = discover(socket_dir, socket)
+        answers = request_all(paths, "GET", "/status")
+    except NoServer as exc:
+        raise Problem(str(exc), EXIT_NO_SERVER) from None
+    live = [body for body in answers.values() if body is not None]
+    if not live:
+        raise Problem("no graceful server found: nothing is listening on " + ", ".join(paths), EXIT_NO_SERVER)
+    histograms: dict[str, Histogram] = {}
+    since, propagation = time.time(), list[float]()
+    for body in live:
+        durations = body.get("durations")
+        if not isinstance(durations, dict) or "bounds" not in durations:
+            raise Problem(
+                f"worker {body.get('pid', '?')} reports no request durations: it runs an older graceful; upgrade it",
+                EXIT_NO_SERVER,
+            )
+        try:
+            for kind in KINDS:
+                seen = Histogram.from_dict(durations["bounds"], durations.get(kind) or {})
+                histograms[kind] = histograms[kind].merged(seen) if kind in histograms else seen
+        except ObservationError as exc:
+            raise Problem(f"worker {body.get('pid', '?')}: unreadable durations ({exc})", EXIT_NO_SERVER) from None
+        since = min(since, float(durations.get("since") or since))
+        propagation.extend(float(p) for p in body.get("propagation") or ())
+    workers = f"{len(live)} worker{'s' if len(live) != 1 else ''}"
+    evidence = Evidence(histograms, time.time() - since, tuple(propagation), workers)
+    return evidence, dict(live[0].get("budget") or {})
+
+
+def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str | None) -> Evidence:
+    """The engine's request-duration histogram, read once off its page; raises Problem."""
+    from .._engine._histogram import EvidenceError, fetch_histogram
+    from .._engine._presets import PRESETS
+
+    preset = PRESETS[engine] if engine is not None else None
+    name = histogram or (preset.histogram if preset is not None else "")
+    if not name:
+        if preset is not None:
+            raise Problem(f"{engine} publishes no request-duration histogram; name one with --histogram NAME")
+        raise Problem("--metrics-url needs --engine (vllm, sglang, tgi) or --histogram NAME to know what to read")
+    url = metrics_url or (preset.url if preset is not None else "")
+    try:
+        seen = anyio.run(fetch_histogram, url, name)
+    except EvidenceError as exc:
+        refused = "cannot connect" in str(exc)
+        raise Problem(str(exc), EXIT_NO_SERVER if refused else EXIT_USAGE) from None
+    return Evidence({"all requests": seen}, None, (), f"{name} at {url}")
+
+
+def budget_from(in_force: dict[str, Any], given: dict[str, float | None]) -> tuple[Budget, bool]:
+    """The budget to judge: the server's (or the environment's), with the command line's values over it.
+
+    Returns it with whether its reserve was set (kept by the recommendations) rather than the default rule."""
+    values = {**{k: v for k, v in in_force.items() if k != "admit_during_propagation"}}
+    values.update({k: v for k, v in given.items() if v is not None})
+    grace = values.get("grace_period")
+    if given.get("grace_period") is not None and given.get("reserve") is None:
+        values.pop("reserve", None)  # a new grace period brings its own default reserve
+    reserve = values.get("reserve")
+    budget = Budget.resolve(
+        grace_period=grace,
+        reserve=reserve,
+        drain_timeout=values.get("drain_timeout"),
+        propagation_wait=values.get("propagation_wait") or 0.0,
+        propagation_quiet=values.get("propagation_quiet"),
+    )
+    reserve_given = reserve is not None and budget.reserve != default_reserve(budget.grace_period)
+    return budget, reserve_given
+
+
+def _seconds(value: float) -> str:
+    if math.isinf(value):
+        return "> 7680 s"
+    return f"{value:g} s"
+
+
+def _window(seconds: float | None) -> str:
+    if seconds is None:
+        return "since the engine started"
+    if seconds >= 3600:
+        return f"over {seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"over {seconds / 60:.0f} min"
+    return f"over {seconds:.0f} s"
+
+
+def report(advice: Advice, max_cut: float) -> list[str]:
+    """The advice as the command prints it."""
+    if advice.requests == 0:
+        return [f"graceful advise: {advice.source}: no finished request seen yet; send traffic, then ask again"]
+    lines = [f"graceful advise: {advice.source}, {advice.requests} finished requests {_window(advice.window)}"]
+    lines.append(f"  {'durations':<13}{'p50':>11}{'p95':>11}{'p99':>11}{'max':>11}   (bucket upper bounds)")
+    for name, figures in advice.percentiles.items():
+        if name == "all" and len(advice.percentiles) <= 2:
+            continue  # one kind seen: its row says it all
+        cells = "".join(f"{'<= ' + _seconds(figures[p]):>11}" for p in ("p50", "p95", "p99", "max"))
+        lines.append(f"  {name:<13}{cells}")
+    if advice.propagation:
+        lines.append(
+            f"  propagation: {len(advice.propagation)} drain{'s' if len(advice.propagation) != 1 else ''} seen; "
+            f"new requests stopped {max(advice.propagation):.1f} s after the drain's start at the latest"
+        )
+    else:
+        lines.append("  propagation: no drain seen yet (graceful_propagation_seconds fills at the first)")
+    budget = advice.budget
+    mode = "admitting during it" if advice.admit else "refusing during it"
+    lines.append(
+        f"budget in force: grace period {budget.grace_period:g} s, reserve {budget.reserve:g} s"
+        + ("" if budget.drain_timeout is None else f", drain timeout {budget.drain_timeout:g} s")
+        + f", propagation wait {budget.propagation_wait:g} s, {mode}: covers requests of up to {advice.covered:g} s"
+    )
+    risky = advice.at_risk["all"]
+    share = advice.at_risk_share
+    if risky:
+        by_kind = ", ".join(f"{advice.at_risk[k]} {k}" for k in advice.at_risk if k != "all" and advice.at_risk[k])
+        lines.append(
+            f"  at risk: {risky} of {advice.requests} requests ({share:.2%}; {by_kind}) may have run longer: "
+            "a drain can cut such requests at its deadline"
+        )
+    else:
+        lines.append(f"  at risk: none of the {advice.requests} requests ran longer: this budget cuts none of them")
+    lines.append("recommended:")
+    reasons = advice.reasons
+    if advice.grace_period is not None:
+        lines.append(f"  terminationGracePeriodSeconds: {advice.grace_period:g}   ({reasons.get('grace_period', '')})")
+    lines.append(f"  propagation wait: {advice.propagation_wait:g} s   ({reasons.get('propagation_wait', '')})")
+    if advice.propagation_quiet is not None:
+        why = reasons.get("propagation_quiet", "in force")
+        lines.append(f"  propagation quiet: {advice.propagation_quiet:g} s   ({why})")
+    if advice.drain_timeout is not None:
+        lines.append(f"  drain timeout: {advice.drain_timeout:g} s or unset   ({reasons.get('drain_timeout', '')})")
+    if advice.admit and advice.refuse_grace_period is not None and advice.refuse_grace_period != advice.grace_period:
+        lines.append(
+            f"  refusing new requests during the wait (--no-admit-during-propagation) needs "
+            f"{advice.refuse_grace_period:g} s instead; the balancers must retry the refusals"
+        )
+    if advice.handoff is not None:
+        lines.append(f"  {advice.handoff}")
+    verdict = "cuts" if share > max_cut else "holds"
+    allowed = "none" if max_cut == 0 else f"{max_cut:.2%}"
+    lines.append(f"verdict: the budget in force {verdict} (at risk {share:.2%}; allowed {allowed})")
+    return lines
+
+
+def exit_code(advice: Advice, max_cut: float) -> int:
+    return EXIT_LEFTOVER if advice.at_risk_share > max_cut else EXIT_OK
+
+
+def as_json(advice: Advice, max_cut: float) -> str:
+    return json.dumps({**advice.as_dict(), "max_cut": max_cut, "verdict": _verdict(advice, max_cut)})
+
+
+def _verdict(advice: Advice, max_cut: float) -> str:
+    if advice.requests == 0:
+        return "no evidence"
+    return "cuts" if advice.at_risk_share > max_cut else "holds"
+
+
+def run_advise(
+    *,
+    socket_dir: str | None,
+    socket: str | None,
+    engine: str | None,
+    metrics_url: str | None,
+    histogram: str | None,
+    given: dict[str, str | None],
+    admit: bool | None,
+    max_cut: str,
+    max_grace: str | None,
+    json_output: bool,
+) -> int:
+    """Read the options, gather, judge, print; returns the exit code."""
+    try:
+        durations = {
+            name: None if text is None else parse_duration(text, name=_FLAGS[name]) for name, text in given.items()
+        }
+        share = parse_share(max_cut)
+        longest = None if max_grace is None else parse_duration(max_grace, name="--max-grace-period")
+    except ConfigError as exc:
+        click.echo(f"graceful advise: {exc}", err=True)
+        return EXIT_USAGE
+    try:
+        if engine is not None or metrics_url is not None or histogram is not None:
+            evidence = engine_evidence(engine, metrics_url, histogram)
+            in_force: dict[str, Any] = {}
+        else:
+            evidence, in_force = server_evidence(socket_dir, socket)
+        budget, reserve_given = budget_from(in_force, durations)
+    except Problem as exc:
+        click.echo(f"graceful advise: {exc}", err=True)
+        return exc.code
+    except ConfigError as exc:
+        click.echo(f"graceful advise: {exc}", err=True)
+        return EXIT_USAGE
+    admitting = bool(in_force.get("admit_during_propagation", True)) if admit is None else admit
+    advice = advise(evidence, budget, admit=admitting, max_grace=longest, reserve_given=reserve_given)
+    if json_output:
+        click.echo(as_json(advice, share))
+    else:
+        for line in report(advice, share):
+            click.echo(line)
+    return EXIT_OK if advice.requests == 0 else exit_code(advice, share)

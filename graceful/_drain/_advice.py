@@ -1,0 +1,251 @@
+"""The budget from evidence: what the durations a server saw say about its grace period.
+
+Pure arithmetic over ``Histogram`` snapshots and a ``Budget``, with the budget's own rule
+(``Budget.longest_covered``) as the only measure of what a budget holds:
+
+- a request is *at risk* when it lasted longer than the budget in force covers; their share
+  is what a drain can cut at its deadline;
+- the recommended grace period is the shortest whole number of seconds whose budget covers
+  the longest request seen (a bucket's upper bound, never less than the truth);
+- the recommended propagation wait is never shorter than the one in force: the slowest drain
+  seen (``graceful_propagation_seconds``) plus 2 s raises it, and the quiet rule ends it early.
+
+``outlook`` judges the work in flight at a drain's start by the same durations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ._budget import Budget
+from ._durations import default_reserve
+from ._observed import KINDS, Histogram, merge_all
+
+__all__ = ["PROPAGATION_MARGIN", "QUIET", "Advice", "Evidence", "Outlook", "advise", "outlook"]
+
+PERCENTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
+PROPAGATION_MARGIN = 2.0  # seconds added to the slowest propagation seen
+QUIET = 2.0  # the suggested quiet rule: the wait ends once no new request has come for this long
+_LONGEST_GRACE = 10**7  # seconds: the search's upper end (115 days)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a server (or an engine's page) saw: durations by kind, over ``window`` seconds, and
+    each drain's propagation figure. An engine page has one histogram, filed as plain."""
+
+    histograms: dict[str, Histogram]
+    window: float | None = None
+    propagation: tuple[float, ...] = ()
+    source: str = ""
+
+    @property
+    def all(self) -> Histogram:
+        merged = merge_all(self.histograms.values())
+        return Histogram.empty() if merged is None else merged
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What ``graceful advise`` says: the figures, the verdict on the budget in force and the numbers."""
+
+    requests: int
+    window: float | None
+    source: str
+    percentiles: dict[str, dict[str, float]]
+    propagation: tuple[float, ...]
+    budget: Budget
+    admit: bool
+    covered: float
+    at_risk: dict[str, int]
+    longest: float
+    grace_period: float | None  # None: no grace period holds the longest request seen
+    propagation_wait: float
+    propagation_quiet: float | None
+    drain_timeout: float | None
+    refuse_grace_period: float | None  # the grace period if new requests were refused during the wait
+    reasons: dict[str, str] = field(default_factory=dict)
+    handoff: str | None = None
+
+    @property
+    def at_risk_share(self) -> float:
+        return 0.0 if self.requests == 0 else self.at_risk["all"] / self.requests
+
+    def as_dict(self) -> dict[str, object]:
+        def number(value: float | None) -> float | str | None:
+            if value is None:
+                return None
+            return "inf" if math.isinf(value) else round(value, 6)
+
+        return {
+            "source": self.source,
+            "requests": self.requests,
+            "window": number(self.window),
+            "percentiles": {k: {p: number(v) for p, v in ps.items()} for k, ps in self.percentiles.items()},
+            "propagation": {"drains": len(self.propagation), "longest": number(max(self.propagation, default=None))},
+            "in_force": {
+                "grace_period": self.budget.grace_period,
+                "reserve": self.budget.reserve,
+                "drain_timeout": self.budget.drain_timeout,
+                "propagation_wait": self.budget.propagation_wait,
+                "propagation_quiet": self.budget.propagation_quiet,
+                "admit_during_propagation": self.admit,
+                "limit": self.budget.limit,
+                "covers": number(self.covered),
+            },
+            "at_risk": {**self.at_risk, "share": round(self.at_risk_share, 6)},
+            "recommended": {
+                "grace_period": self.grace_period,
+                "propagation_wait": self.propagation_wait,
+                "propagation_quiet": self.propagation_quiet,
+                "drain_timeout": self.drain_timeout,
+                "grace_period_refusing": self.refuse_grace_period,
+                "reasons": self.reasons,
+            },
+            "longest": number(self.longest),
+            "handoff": self.handoff,
+        }
+
+
+def advise(
+    evidence: Evidence, budget: Budget, *, admit: bool, max_grace: float | None = None, reserve_given: bool = False
+) -> Advice:
+    """Judge ``budget`` by ``evidence`` and find the numbers that cover what was seen.
+
+    ``admit`` is the server's ``admit_during_propagation``; ``max_grace`` the longest grace period
+    the platform allows (beyond it, streams must be handed off); ``reserve_given``: the budget's
+    reserve was set, so the recommendations keep it (else they use the default rule).
+    """
+    merged = evidence.all
+    percentiles = {
+        name: {label: histogram.quantile(q) for label, q in PERCENTILES}
+        for name, histogram in [*evidence.histograms.items(), ("all", merged)]
+        if histogram.count
+    }
+    covered = budget.longest_covered(admit=admit)
+    at_risk = {name: histogram.over(covered) for name, histogram in evidence.histograms.items()}
+    at_risk["all"] = merged.over(covered)
+    longest = merged.longest()
+    reasons: dict[str, str] = {}
+
+    wait = budget.propagation_wait
+    if evidence.propagation:
+        slowest = max(evidence.propagation)
+        seen = math.ceil(slowest) + PROPAGATION_MARGIN
+        if seen > wait:
+            wait = seen
+            reasons["propagation_wait"] = (
+                f"the slowest of {len(evidence.propagation)} drains seen had new requests until {slowest:.1f} s; "
+                f"+{PROPAGATION_MARGIN:g} s"
+            )
+        else:
+            reasons["propagation_wait"] = (
+                f"the {budget.propagation_wait:g} s in force covers the slowest drain seen ({slowest:.1f} s)"
+            )
+    else:
+        reasons["propagation_wait"] = "no drain seen yet: the wait in force"
+    quiet = budget.propagation_quiet
+    if quiet is None and wait >= QUIET:
+        quiet = QUIET
+        reasons["propagation_quiet"] = f"ends the wait once {QUIET:g} s pass without a new request"
+
+    reserve = budget.reserve if reserve_given else None
+    grace = _shortest_grace(longest, wait, reserve, admit=admit)
+    refuse_grace = _shortest_grace(longest, wait, reserve, admit=False)
+    handoff = None
+    if grace is None:
+        handoff = "the longest requests outran the histogram's last bucket: no grace period can be read from them"
+    elif max_grace is not None and grace > max_grace:
+        handoff = f"{grace:g} s is more than the {max_grace:g} s allowed"
+    if handoff is not None:
+        handoff += "; hand long streams off to another replica instead (resumable streams, docs/resume.md)"
+    timeout = None
+    if grace is not None and math.isfinite(longest):
+        need = wait + 2 * longest if admit else longest
+        timeout = need
+        rule = f"propagation wait {wait:g} s + 2 x {longest:g} s" if admit else f"{longest:g} s"
+        reasons["grace_period"] = f"covers the longest request seen (up to {longest:g} s): {rule} + reserve" + (
+            "" if reserve is not None else " (the default rule)"
+        )
+        reasons["drain_timeout"] = f"a drain needs {rule}; leave it unset or at least this"
+    return Advice(
+        requests=merged.count,
+        window=evidence.window,
+        source=evidence.source,
+        percentiles=percentiles,
+        propagation=evidence.propagation,
+        budget=budget,
+        admit=admit,
+        covered=covered,
+        at_risk=at_risk,
+        longest=longest,
+        grace_period=grace,
+        propagation_wait=wait,
+        propagation_quiet=quiet,
+        drain_timeout=timeout,
+        refuse_grace_period=refuse_grace,
+        reasons=reasons,
+        handoff=handoff,
+    )
+
+
+def _covers(grace: float, wait: float, reserve: float | None, longest: float, *, admit: bool) -> bool:
+    res = default_reserve(grace) if reserve is None else reserve
+    if res >= grace or wait > grace - res:
+        return False
+    budget = Budget(grace_period=grace, reserve=res, drain_timeout=None, propagation_wait=wait)
+    return budget.longest_covered(admit=admit) >= longest
+
+
+def _shortest_grace(longest: float, wait: float, reserve: float | None, *, admit: bool) -> float | None:
+    """The shortest whole number of seconds whose budget covers ``longest``; None when none does."""
+    if not math.isfinite(longest) or not _covers(_LONGEST_GRACE, wait, reserve, longest, admit=admit):
+        return None
+    low, high = 1, _LONGEST_GRACE  # what a grace period leaves the drain grows with it: bisect
+    while low < high:
+        middle = (low + high) // 2
+        if _covers(middle, wait, reserve, longest, admit=admit):
+            high = middle
+        else:
+            low = middle + 1
+    return float(low)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """The work in flight at a drain's start, judged by the durations seen: how many may outlast
+    the ``left`` seconds to the deadline, and how many are expected to (the sum of their chances)."""
+
+    in_flight: int
+    left: float
+    at_risk: int
+    expected: float
+    seen: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "in_flight": self.in_flight,
+            "left": round(self.left, 3),
+            "at_risk": self.at_risk,
+            "expected": round(self.expected, 3),
+            "seen": self.seen,
+        }
+
+
+def outlook(ages: Sequence[tuple[float, bool]], histograms: Sequence[Histogram], left: float) -> Outlook:
+    """Judge each item in flight (its age, whether it has streamed) by ``histograms`` (one per kind,
+    in ``KINDS`` order): one that has streamed by the streams seen, any other by everything seen."""
+    merged = merge_all(histograms) or Histogram.empty()
+    if merged.count == 0:  # nothing to judge by
+        return Outlook(len(ages), left, 0, 0.0, 0)
+    by_kind = dict(zip(KINDS, histograms))
+    stream = by_kind.get("stream", merged)
+    at_risk, expected = 0, 0.0
+    for age, streamed in ages:
+        chance = (stream if streamed and stream.count else merged).still_running(age, left)
+        if chance > 0:
+            at_risk += 1
+            expected += chance
+    return Outlook(len(ages), left, at_risk, expected, merged.count)

@@ -1,0 +1,93 @@
+"""An engine's request-duration histogram, read off its Prometheus page for ``graceful advise``.
+
+Every series of the histogram is summed bucket by bucket (data-parallel engines, several
+models); the page is read once, with the same bounds on time and size as engine drain's reads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .._drain._observed import Histogram, ObservationError
+from ._page import PageError, prefilter
+from ._wait import MAX_PAGE_BYTES, PageTooLarge, fetch
+
+__all__ = ["EvidenceError", "fetch_histogram", "read_histogram"]
+
+
+class EvidenceError(Exception):
+    """The page gives no histogram to advise from; the message names the fix."""
+
+
+def read_histogram(page: str, name: str) -> Histogram:
+    """The histogram ``name`` on a Prometheus text page, its series summed; raises EvidenceError."""
+    related = {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    try:
+        families = list(text_string_to_metric_families(prefilter(page, related)))
+    except (ValueError, IndexError, KeyError) as exc:
+        raise EvidenceError(f"{name}: malformed metric line ({exc})") from None
+    buckets: dict[float, float] = {}
+    total = 0.0
+    kinds = set()
+    for family in families:
+        kinds.add(family.type)
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket" and "le" in sample.labels:
+                try:
+                    le = float(sample.labels["le"])
+                except ValueError:
+                    raise EvidenceError(f"{name}: bucket le={sample.labels['le']!r} is not a number") from None
+                bound = math.inf if math.isinf(le) else le
+                buckets[bound] = buckets.get(bound, 0.0) + float(sample.value)
+            elif sample.name == f"{name}_sum":
+                total += float(sample.value)
+    if not buckets:
+        if "summary" in kinds:
+            raise EvidenceError(
+                f"{name} is a summary on this page, not a histogram: its quantiles cover a sliding window "
+                "and cannot be merged; export it as a histogram (bucket boundaries) or name another with --histogram"
+            )
+        raise EvidenceError(
+            f"the page has no histogram {name}; start the engine with its metrics on "
+            "(vLLM without --disable-log-stats, SGLang with --enable-metrics), or name one with --histogram"
+        )
+    try:
+        return Histogram.from_cumulative(buckets, total)
+    except ObservationError as exc:
+        raise EvidenceError(f"{name}: {exc}") from None
+
+
+async def fetch_histogram(url: str, name: str, limit: float = 5.0) -> Histogram:
+    """GET ``url`` (the whole read within ``limit`` seconds) and read the histogram ``name`` off it."""
+    body = b""
+    with anyio.move_on_after(limit):
+        try:
+            async with httpx.AsyncClient(timeout=limit) as client:
+                status, charset, body = await fetch(client, url)
+        except httpx.ConnectError as exc:
+            raise EvidenceError(
+                f"cannot connect to {url} ({exc}); is the engine running there? fix --metrics-url"
+            ) from None
+        except httpx.InvalidURL as exc:
+            raise EvidenceError(f"--metrics-url {url!r} is not a URL ({exc}); give http://HOST:PORT/metrics") from None
+        except PageTooLarge:
+            raise EvidenceError(
+                f"{url} answered with more than {MAX_PAGE_BYTES // 2**20} MiB: not a metrics page"
+            ) from None
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            raise EvidenceError(f"cannot read {url}: {type(exc).__name__}: {exc}") from None
+        if status != 200:
+            raise EvidenceError(f"{url} answered HTTP {status}; fix --metrics-url (the engine's /metrics)")
+        try:
+            page = body.decode(charset)
+        except (LookupError, UnicodeDecodeError) as exc:
+            raise EvidenceError(f"{url} did not answer with text ({exc})") from None
+        try:
+            return read_histogram(page, name)
+        except PageError as exc:
+            raise EvidenceError(f"{name}: {exc}") from None
+    raise EvidenceError(f"{url} gave no whole answer within {limit:g} s; is the engine overloaded or the URL wrong?")
