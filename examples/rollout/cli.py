@@ -18,6 +18,7 @@ import click
 
 from graceful import ConfigError, parse_duration
 
+from .advice import advise
 from .balancer import BALANCERS
 from .envoy import RETRIES
 from .report import expectations, render, side_summary
@@ -140,6 +141,12 @@ def rollout_command(
     grace = side_summary(graceful, options)
     click.echo("")
     click.echo(render(base, grace, options))
+    advice_lines, advice = advise(graceful, options, log_dir)
+    if advice_lines:
+        click.echo("")
+        click.echo("The graceful side's own traffic, as its old replicas counted it (graceful advise --from):")
+        for line in advice_lines:
+            click.echo(f"  {line}")
     broken = expectations(grace, options)
     if broken:
         click.echo(f"graceful: FAILED its promise for {scenario}: {', '.join(broken)} (replica logs in {log_dir})")
@@ -147,7 +154,8 @@ def rollout_command(
         click.echo(f"graceful: kept its promise for {scenario}.")
     if report is not None:
         with open(report, "w", encoding="utf-8") as out:
-            json.dump({"scenario": scenario, "baseline": base, "graceful": grace, "broken": broken}, out, indent=2)
+            document = {"scenario": scenario, "baseline": base, "graceful": grace, "broken": broken, "advice": advice}
+            json.dump(document, out, indent=2)
     if plot is not None:
         from graceful._soak._report import write_plot
 

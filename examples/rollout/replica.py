@@ -234,6 +234,22 @@ class Replica:
                     os.killpg(hook.pid, signal.SIGKILL)
                 await hook.wait()
 
+    async def statuses(self) -> list[dict[str, Any]]:
+        """Each worker's admin ``/status`` (its budget, request durations and drains), as
+        ``graceful status --json`` prints them; empty when none answers."""
+        found = []
+        for name in sorted(os.listdir(self.socket_dir)):
+            path = os.path.join(self.socket_dir, name)
+            if not name.endswith(".sock"):
+                continue
+            try:
+                async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), timeout=5.0) as client:
+                    answer = await client.get("http://graceful/status")
+                found.append({"socket": path, **answer.json()})
+            except (httpx.HTTPError, ValueError):
+                continue
+        return found
+
     async def executions(self) -> dict[str, int] | None:
         """The replica's execution count per idempotency key, or None when it cannot answer (vLLM keeps none)."""
         if self.settings.vllm is not None:

@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from graceful import Budget
 
@@ -63,6 +64,9 @@ class Termination:
     announced: float | None = None
     last_sent: float | None = None
     sent_after_announcement: int = 0
+    # The graceful side: each worker's admin status once its preStop drain has ended (its request
+    # durations and the drain's propagation figure); ``graceful advise --from`` reads them.
+    observed: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Rollout:
@@ -164,6 +168,9 @@ class Rollout:
                     )
                     if ended is not None:
                         record.propagation_end = ended - record.wall_t0
+                    # Before SIGTERM the drained replica still answers: its durations now hold every
+                    # request it served, those its deadline ended too, and its drain's propagation figure.
+                    record.observed = await replica.statuses()
                 record.prestop_code = code
                 if self.plan.prestop_hang:
                     await asyncio.Event().wait()  # a stuck hook: only the grace period ends it

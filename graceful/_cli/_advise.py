@@ -24,7 +24,16 @@ from .._drain._errors import ConfigError
 from .._drain._observed import KINDS, Histogram, ObservationError
 from ._drain import EXIT_LEFTOVER, EXIT_NO_SERVER, EXIT_OK, EXIT_USAGE
 
-__all__ = ["Problem", "engine_evidence", "parse_share", "report", "server_evidence"]
+__all__ = [
+    "Problem",
+    "engine_evidence",
+    "evidence_from",
+    "parse_share",
+    "report",
+    "run_advise",
+    "saved_evidence",
+    "server_evidence",
+]
 
 
 class Problem(Exception):
@@ -67,26 +76,49 @@ def server_evidence(socket_dir: str | None, socket: str | None) -> tuple[Evidenc
     live = [body for body in answers.values() if body is not None]
     if not live:
         raise Problem("no graceful server found: nothing is listening on " + ", ".join(paths), EXIT_NO_SERVER)
+    return evidence_from(live, EXIT_NO_SERVER)
+
+
+def saved_evidence(files: tuple[str, ...]) -> tuple[Evidence, dict[str, Any]]:
+    """The workers' statuses saved by ``graceful status --json`` (a list per file), merged; raises Problem."""
+    bodies: list[dict[str, Any]] = []
+    for name in files:
+        try:
+            with open(name, encoding="utf-8") as saved:
+                content = json.load(saved)
+        except OSError as exc:
+            raise Problem(f"--from {name}: {exc.strerror}; give a file written by graceful status --json") from None
+        except ValueError as exc:
+            raise Problem(f"--from {name}: not JSON ({exc}); give a file written by graceful status --json") from None
+        content = content if isinstance(content, list) else [content]
+        if not all(isinstance(body, dict) for body in content):
+            raise Problem(
+                f"--from {name}: not a list of worker statuses; give a file written by graceful status --json"
+            )
+        bodies.extend(content)
+    if not bodies:
+        raise Problem("--from: the files hold no worker status; give files written by graceful status --json")
+    return evidence_from(bodies, EXIT_USAGE)
+
+
+def evidence_from(bodies: list[dict[str, Any]], code: int) -> tuple[Evidence, dict[str, Any]]:
+    """Merge workers' statuses (``/status`` answers); ``code`` is the exit code of an unreadable one."""
     histograms: dict[str, Histogram] = {}
     since, propagation = time.time(), list[float]()
-    for body in live:
+    for body in bodies:
         durations = body.get("durations")
         if not isinstance(durations, dict) or "bounds" not in durations:
-            raise Problem(
-                f"worker {body.get('pid', '?')} reports no request durations: it runs an older graceful; upgrade it",
-                EXIT_NO_SERVER,
-            )
+            raise Problem(f"worker {body.get('pid', '?')} reports no request durations: upgrade its graceful", code)
         try:
             for kind in KINDS:
                 seen = Histogram.from_dict(durations["bounds"], durations.get(kind) or {})
                 histograms[kind] = histograms[kind].merged(seen) if kind in histograms else seen
-        except ObservationError as exc:
-            raise Problem(f"worker {body.get('pid', '?')}: unreadable durations ({exc})", EXIT_NO_SERVER) from None
-        since = min(since, float(durations.get("since") or since))
-        propagation.extend(float(p) for p in body.get("propagation") or ())
-    workers = f"{len(live)} worker{'s' if len(live) != 1 else ''}"
-    evidence = Evidence(histograms, time.time() - since, tuple(propagation), workers)
-    return evidence, dict(live[0].get("budget") or {})
+            since = min(since, float(durations.get("since") or since))
+            propagation.extend(float(p) for p in body.get("propagation") or ())
+        except (ObservationError, TypeError, ValueError) as exc:
+            raise Problem(f"worker {body.get('pid', '?')}: unreadable durations ({exc})", code) from None
+    workers = f"{len(bodies)} worker{'s' if len(bodies) != 1 else ''}"
+    return Evidence(histograms, time.time() - since, tuple(propagation), workers), dict(bodies[0].get("budget") or {})
 
 
 def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str | None) -> Evidence:
@@ -225,6 +257,7 @@ def run_advise(
     engine: str | None,
     metrics_url: str | None,
     histogram: str | None,
+    saved: tuple[str, ...],
     given: dict[str, str | None],
     admit: bool | None,
     max_cut: str,
@@ -245,6 +278,8 @@ def run_advise(
         if engine is not None or metrics_url is not None or histogram is not None:
             evidence = engine_evidence(engine, metrics_url, histogram)
             in_force: dict[str, Any] = {}
+        elif saved:
+            evidence, in_force = saved_evidence(saved)
         else:
             evidence, in_force = server_evidence(socket_dir, socket)
         budget, reserve_given = budget_from(in_force, durations)

@@ -140,6 +140,12 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
 @click.option("--engine", type=click.Choice(ENGINES), default=None, help="Read an engine's request-duration histogram.")
 @click.option("--metrics-url", default=None, help="The engine's metrics page [the engine's default].")
 @click.option("--histogram", default=None, help="The request-duration histogram to read [the engine's].")
+@click.option(
+    "--from",
+    "saved",
+    multiple=True,
+    help="Read workers' statuses saved by graceful status --json instead of asking running servers; repeatable.",
+)
 # Durations are read by ``run_advise``: a wrong one gets a one-line message, as every other problem does.
 @click.option("--grace-period", default=None, help="Judge this grace period [the server's].")
 @click.option("--reserve", default=None, help="Judge this reserve [the server's, else the default rule].")
@@ -163,8 +169,8 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
 def advise_command(ctx: click.Context, /, **options: Any) -> None:
     """Say which grace period, propagation wait and timeout the traffic seen needs.
 
-    Reads every worker's request durations over the admin socket (or, with --engine or
-    --metrics-url, an engine's histogram) and judges the budget in force by them. Exit 0
+    Reads every worker's request durations over the admin socket (or from files saved by
+    graceful status --json, or an engine's histogram) and judges the budget in force by them. Exit 0
     when it covers them (within --max-cut), 1 when it does not, 2 on bad usage, 3 when
     no server answers.
     """

@@ -8,7 +8,8 @@ Pure arithmetic over ``Histogram`` snapshots and a ``Budget``, with the budget's
 - the recommended grace period is the shortest whole number of seconds whose budget covers
   the longest request seen (a bucket's upper bound, never less than the truth);
 - the recommended propagation wait is never shorter than the one in force: the slowest drain
-  seen (``graceful_propagation_seconds``) plus 2 s raises it, and the quiet rule ends it early.
+  seen (``graceful_propagation_seconds``) with half again as much raises it, and the quiet
+  rule ends it early.
 
 ``outlook`` judges the work in flight at a drain's start by the same durations.
 """
@@ -23,10 +24,10 @@ from ._budget import Budget
 from ._durations import default_reserve
 from ._observed import KINDS, Histogram, merge_all
 
-__all__ = ["PROPAGATION_MARGIN", "QUIET", "Advice", "Evidence", "Outlook", "advise", "outlook"]
+__all__ = ["PROPAGATION_HEADROOM", "QUIET", "Advice", "Evidence", "Outlook", "advise", "outlook"]
 
 PERCENTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
-PROPAGATION_MARGIN = 2.0  # seconds added to the slowest propagation seen
+PROPAGATION_HEADROOM = 1.5  # the slowest propagation seen, times this, rounded up to whole seconds
 QUIET = 2.0  # the suggested quiet rule: the wait ends once no new request has come for this long
 _LONGEST_GRACE = 10**7  # seconds: the search's upper end (115 days)
 
@@ -133,12 +134,12 @@ def advise(
     wait = budget.propagation_wait
     if evidence.propagation:
         slowest = max(evidence.propagation)
-        seen = math.ceil(slowest) + PROPAGATION_MARGIN
+        seen = float(math.ceil(slowest * PROPAGATION_HEADROOM))
         if seen > wait:
             wait = seen
             reasons["propagation_wait"] = (
                 f"the slowest of {len(evidence.propagation)} drains seen had new requests until {slowest:.1f} s; "
-                f"+{PROPAGATION_MARGIN:g} s"
+                f"x {PROPAGATION_HEADROOM:g}, rounded up"
             )
         else:
             reasons["propagation_wait"] = (

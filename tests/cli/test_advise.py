@@ -100,6 +100,12 @@ def test_a_known_mix_is_reported_within_a_bucket_and_the_share_at_risk_exactly(e
     assert "verdict: the budget in force holds" in refusing.stdout
     allowed = graceful("advise", "--socket-dir", example.socket_dir, *budget, "--max-cut", "20%")
     assert allowed.returncode == 0 and "2 of 16 requests (12.50%; 2 stream)" in allowed.stdout, allowed.stdout
+    # Saved by graceful status --json (as from pods about to go), read back later: the same advice.
+    status = graceful("status", "--socket-dir", example.socket_dir, "--json")
+    saved = Path(example.socket_dir) / "statuses.json"
+    saved.write_text(status.stdout)
+    offline = graceful("advise", "--from", str(saved), "--json", *budget)
+    assert offline.returncode == 1 and json.loads(offline.stdout)["at_risk"] == advice["at_risk"], offline.stdout
 
 
 def test_the_drain_says_at_its_start_what_may_outlast_it(launch: Callable[..., Launched]) -> None:
@@ -212,5 +218,8 @@ def test_bad_input_gets_one_line_naming_the_fix(socket_dir: str) -> None:
         page.server_close()
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
     assert "no histogram vllm:e2e_request_latency_seconds; start the engine with its metrics on" in missing.stderr
+    unsaved = graceful("advise", "--from", "/nonexistent/statuses.json")
+    assert unsaved.returncode == 2 and unsaved.stderr.count("\n") == 1, unsaved.stderr
+    assert "give a file written by graceful status --json" in unsaved.stderr
     triton = graceful("advise", "--engine", "triton")
     assert triton.returncode == 2 and "name one with --histogram" in triton.stderr

@@ -69,9 +69,9 @@ def test_bad_observations_are_refused() -> None:
 def test_the_sweep_counts_finished_work_by_kind_rounded_up_by_less_than_its_period(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The ledger's own clock, a sweep every 0.25 s (the lifespan's are 0.1 s apart): work seen in flight by a sweep counts from its
-    admission to the first sweep after its end; work that came and went between two sweeps counts
-    as plain, at the time between them."""
+    """The ledger's own clock, a sweep every 0.25 s (the lifespan's are 0.1 s apart): work seen in
+    flight by a sweep counts from its admission to the first sweep after its end; work that came
+    and went between two sweeps counts as plain, at the time between them."""
     clock = [100.0]
     monkeypatch.setattr(_ledger, "_monotonic", lambda: clock[0])
 
@@ -151,7 +151,7 @@ def test_a_set_reserve_is_kept() -> None:
 def test_the_propagation_wait_grows_to_the_slowest_drain_seen_never_shrinks() -> None:
     evidence = Evidence({"plain": histogram(0.2)}, propagation=(1.2, 4.3))
     advice = advise(evidence, budget(60, 3), admit=True)
-    assert advice.propagation_wait == 7.0  # ceil(4.3) + 2
+    assert advice.propagation_wait == 7.0  # 4.3 x 1.5, rounded up
     assert advice.propagation_quiet == 2.0
     assert "4.3 s" in advice.reasons["propagation_wait"]
     calm = advise(Evidence({"plain": histogram(0.2)}, propagation=(0.5,)), budget(60, 10), admit=True)
