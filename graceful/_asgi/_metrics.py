@@ -174,7 +174,9 @@ class MultiprocessMirror:
     shared files. The hot path still bumps plain ints; this mirror pushes them once a
     second and at every state change. Gauges use ``livesum``: ``graceful_in_flight`` is
     the sum over live workers and ``graceful_state{state=...}`` counts the workers in
-    each state. Counters and the histogram add up across workers, dead ones included.
+    each state. Counters and the histogram add up across workers, dead ones included. The
+    request durations are not mirrored: they are counts per bucket, and the shared files take
+    single observations (``graceful advise`` reads every worker over the admin socket).
     """
 
     def __init__(self, drain: Drain) -> None:

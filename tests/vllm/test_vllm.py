@@ -24,6 +24,10 @@ import openai
 import pytest
 
 import graceful
+from graceful import Budget
+from graceful._drain._advice import Evidence, advise
+from graceful._drain._observed import Histogram
+from graceful._engine._histogram import read_histogram
 from tests.utils import ROOT
 from tests.vllm.conftest import VllmServer, sse_events
 
@@ -222,6 +226,61 @@ def test_engine_mode_reads_the_real_metrics_page(replica: VllmServer) -> None:
     assert waited["result"] == "idle"
     busy.wait().assert_whole()
     assert busy.ended_at <= hook_ended
+
+
+def seen_by_graceful(server: VllmServer) -> Histogram:
+    """Every kind the middleware counted, merged: graceful status --json, as graceful advise reads it."""
+    done = graceful_cli("status", "--socket-dir", server.socket_dir, "--json")
+    assert done.returncode == 0, done.stderr
+    merged = None
+    for worker in json.loads(done.stdout):
+        durations = worker["durations"]
+        for kind in ("plain", "stream"):
+            seen = Histogram.from_dict(durations["bounds"], durations[kind])
+            merged = seen if merged is None else merged.merged(seen)
+    assert merged is not None
+    return merged
+
+
+def seen_by_vllm(server: VllmServer) -> Histogram:
+    return read_histogram(CLIENT.get(server.url("/metrics")).text, "vllm:e2e_request_latency_seconds")
+
+
+def since(before: Histogram, after: Histogram) -> Histogram:
+    return Histogram(
+        after.bounds, tuple(a - b for a, b in zip(after.counts, before.counts)), after.total - before.total
+    )
+
+
+def test_the_advice_from_vllms_page_is_the_advice_from_gracefuls_counts(replica: VllmServer) -> None:
+    """The same burst, counted by the middleware and by vLLM's own e2e histogram (its page, as
+    graceful advise --engine vllm reads it): two streams of about 12 s and four short completions.
+    Both give the same share at risk, the same longest request and the same recommended numbers,
+    for a budget that cuts the streams and for one that holds them. Between 10 and 60 s the two
+    bucket sets are the same, so a stream's bucket is the same in both."""
+    tokens = tokens_for(replica, 12)
+    ours_before, theirs_before = seen_by_graceful(replica), seen_by_vllm(replica)
+    streams = [Stream(kind, tokens).run(replica) for kind in ("completion", "chat")]
+    for _ in range(4):
+        assert new_request(replica).status_code == 200
+    for stream in streams:
+        stream.wait().assert_whole()
+    wait_for(lambda: seen_by_vllm(replica).count - theirs_before.count == 6, 10, "vLLM counting the burst")
+    ours = since(ours_before, seen_by_graceful(replica))
+    theirs = since(theirs_before, seen_by_vllm(replica))
+    assert ours.count == theirs.count == 6, (ours, theirs)
+    assert 10 < ours.longest() <= 60, ours  # the region where both bucket sets agree
+    for grace in (30.0, 200.0):  # admitting, 30 s covers (20 - 0) / 2 = 10 s: the streams are at risk
+        budget = Budget.resolve(grace_period=grace)
+        a = advise(Evidence({"all": ours}), budget, admit=True)
+        b = advise(Evidence({"all": theirs}), budget, admit=True)
+        assert (a.at_risk["all"], a.longest, a.grace_period, a.drain_timeout) == (
+            b.at_risk["all"],
+            b.longest,
+            b.grace_period,
+            b.drain_timeout,
+        )
+        assert a.at_risk["all"] == (2 if grace == 30.0 else 0)
 
 
 def abort(server: VllmServer, request_id: str) -> None:
