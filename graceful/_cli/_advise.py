@@ -76,7 +76,7 @@ def server_evidence(socket_dir: str | None, socket: str | None) -> tuple[Evidenc
     live = [body for body in answers.values() if body is not None]
     if not live:
         raise Problem("no graceful server found: nothing is listening on " + ", ".join(paths), EXIT_NO_SERVER)
-    return evidence_from(live, EXIT_NO_SERVER)
+    return evidence_from(live, EXIT_USAGE)
 
 
 def saved_evidence(files: tuple[str, ...]) -> tuple[Evidence, dict[str, Any]]:
@@ -104,7 +104,8 @@ def saved_evidence(files: tuple[str, ...]) -> tuple[Evidence, dict[str, Any]]:
 def evidence_from(bodies: list[dict[str, Any]], code: int) -> tuple[Evidence, dict[str, Any]]:
     """Merge workers' statuses (``/status`` answers); ``code`` is the exit code of an unreadable one."""
     histograms: dict[str, Histogram] = {}
-    since, propagation = time.time(), list[float]()
+    now = time.time()
+    since, until, propagation = now, 0.0, list[float]()
     for body in bodies:
         durations = body.get("durations")
         if not isinstance(durations, dict) or "bounds" not in durations:
@@ -114,11 +115,12 @@ def evidence_from(bodies: list[dict[str, Any]], code: int) -> tuple[Evidence, di
                 seen = Histogram.from_dict(durations["bounds"], durations.get(kind) or {})
                 histograms[kind] = histograms[kind].merged(seen) if kind in histograms else seen
             since = min(since, float(durations.get("since") or since))
+            until = max(until, float(durations.get("until") or now))
             propagation.extend(float(p) for p in body.get("propagation") or ())
-        except (ObservationError, TypeError, ValueError) as exc:
+        except (ObservationError, AttributeError, TypeError, ValueError) as exc:
             raise Problem(f"worker {body.get('pid', '?')}: unreadable durations ({exc})", code) from None
     workers = f"{len(bodies)} worker{'s' if len(bodies) != 1 else ''}"
-    return Evidence(histograms, time.time() - since, tuple(propagation), workers), dict(bodies[0].get("budget") or {})
+    return Evidence(histograms, until - since, tuple(propagation), workers), dict(bodies[0].get("budget") or {})
 
 
 def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str | None) -> Evidence:
@@ -133,6 +135,8 @@ def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str 
             raise Problem(f"{engine} publishes no request-duration histogram; name one with --histogram NAME")
         raise Problem("--metrics-url needs --engine (vllm, sglang, tgi) or --histogram NAME to know what to read")
     url = metrics_url or (preset.url if preset is not None else "")
+    if not url:
+        raise Problem(f"--histogram {name} needs --metrics-url (the engine's metrics page) or --engine")
     try:
         seen = anyio.run(fetch_histogram, url, name)
     except EvidenceError as exc:
@@ -162,10 +166,9 @@ def budget_from(in_force: dict[str, Any], given: dict[str, float | None]) -> tup
     return budget, reserve_given
 
 
-def _seconds(value: float) -> str:
-    if math.isinf(value):
-        return "> 7680 s"
-    return f"{value:g} s"
+def _bound(value: float, last: float) -> str:
+    """A percentile as the bucket gives it: ``<= 15 s``, or ``> 7680 s`` past the last bucket."""
+    return f"> {last:g} s" if math.isinf(value) else f"<= {value:g} s"
 
 
 def _window(seconds: float | None) -> str:
@@ -187,7 +190,7 @@ def report(advice: Advice, max_cut: float) -> list[str]:
     for name, figures in advice.percentiles.items():
         if name == "all" and len(advice.percentiles) <= 2:
             continue  # one kind seen: its row says it all
-        cells = "".join(f"{'<= ' + _seconds(figures[p]):>11}" for p in ("p50", "p95", "p99", "max"))
+        cells = "".join(f"{_bound(figures[p], advice.last_bound):>11}" for p in ("p50", "p95", "p99", "max"))
         lines.append(f"  {name:<13}{cells}")
     if advice.propagation:
         lines.append(

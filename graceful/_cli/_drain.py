@@ -236,8 +236,11 @@ def _outlook_line(worker: WorkerDrain) -> tuple[str, int]:
     if not ahead:
         return "", 0
     name = f"worker {worker.pid}" if worker.pid else worker.path
-    in_flight, left, seen = ahead.get("in_flight", 0), ahead.get("left", 0.0), ahead.get("seen", 0)
-    at_risk, expected = int(ahead.get("at_risk") or 0), float(ahead.get("expected") or 0.0)
+    try:
+        in_flight, left, seen = int(ahead["in_flight"]), float(ahead["left"]), int(ahead["seen"])
+        at_risk, expected = int(ahead["at_risk"]), float(ahead["expected"])
+    except (KeyError, TypeError, ValueError):
+        return "", 0  # a server's outlook this hook cannot read: the drain goes on without the line
     start = f"{name}: {in_flight} in flight at the drain's start, {left:.0f} s to the deadline"
     if not in_flight:
         return start, 0

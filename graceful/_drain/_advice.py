@@ -67,6 +67,7 @@ class Advice:
     propagation_quiet: float | None
     drain_timeout: float | None
     refuse_grace_period: float | None  # the grace period if new requests were refused during the wait
+    last_bound: float = math.inf  # the histogram's last bucket bound: longer requests have no figure
     reasons: dict[str, str] = field(default_factory=dict)
     handoff: str | None = None
 
@@ -132,18 +133,22 @@ def advise(
     reasons: dict[str, str] = {}
 
     wait = budget.propagation_wait
+    figures = len(evidence.propagation)
     if evidence.propagation:
         slowest = max(evidence.propagation)
         seen = float(math.ceil(slowest * PROPAGATION_HEADROOM))
         if seen > wait:
             wait = seen
             reasons["propagation_wait"] = (
-                f"the slowest of {len(evidence.propagation)} drains seen had new requests until {slowest:.1f} s; "
-                f"x {PROPAGATION_HEADROOM:g}, rounded up"
+                f"the slowest of {figures} drain figures (one per worker and drain) had new requests until "
+                f"{slowest:.1f} s; x {PROPAGATION_HEADROOM:g}, rounded up"
             )
+        elif wait == 0:
+            reasons["propagation_wait"] = "none in force, so the drains seen could measure none: set one"
         else:
             reasons["propagation_wait"] = (
-                f"the {budget.propagation_wait:g} s in force covers the slowest drain seen ({slowest:.1f} s)"
+                f"the {wait:g} s in force covers the slowest of {figures} drain figures ({slowest:.1f} s; "
+                "a figure cannot pass the wait in force)"
             )
     else:
         reasons["propagation_wait"] = "no drain seen yet: the wait in force"
@@ -153,20 +158,27 @@ def advise(
         reasons["propagation_quiet"] = f"ends the wait once {QUIET:g} s pass without a new request"
 
     reserve = budget.reserve if reserve_given else None
-    grace = _shortest_grace(longest, wait, reserve, admit=admit)
-    refuse_grace = _shortest_grace(longest, wait, reserve, admit=False)
+    seen_any = merged.count > 0  # no evidence, no numbers
+    grace = _shortest_grace(longest, wait, reserve, admit=admit) if seen_any else None
+    refuse_grace = _shortest_grace(longest, wait, reserve, admit=False) if seen_any else None
     handoff = None
-    if grace is None:
-        handoff = "the longest requests outran the histogram's last bucket: no grace period can be read from them"
-    elif max_grace is not None and grace > max_grace:
+    if seen_any and grace is None:
+        handoff = (
+            f"the longest requests outran the histogram's last bucket ({merged.bounds[-1]:g} s): "
+            "no grace period can be read from them"
+        )
+    elif grace is not None and max_grace is not None and grace > max_grace:
         handoff = f"{grace:g} s is more than the {max_grace:g} s allowed"
     if handoff is not None:
         handoff += "; hand long streams off to another replica instead (resumable streams, docs/resume.md)"
     timeout = None
     if grace is not None and math.isfinite(longest):
-        need = wait + 2 * longest if admit else longest
-        timeout = need
-        rule = f"propagation wait {wait:g} s + 2 x {longest:g} s" if admit else f"{longest:g} s"
+        # Whole seconds, rounded up: fed back, the timeout covers the longest request exactly as
+        # the server computes it (a hair under it in floating point would leave it at risk).
+        # Refusing, the drain still lasts the propagation wait at least.
+        need = wait + 2 * longest if admit else max(wait, longest)
+        timeout = float(math.ceil(need))
+        rule = f"propagation wait {wait:g} s + 2 x {longest:g} s" if admit else f"{need:g} s"
         reasons["grace_period"] = f"covers the longest request seen (up to {longest:g} s): {rule} + reserve" + (
             "" if reserve is not None else " (the default rule)"
         )
@@ -187,6 +199,7 @@ def advise(
         propagation_quiet=quiet,
         drain_timeout=timeout,
         refuse_grace_period=refuse_grace,
+        last_bound=merged.bounds[-1] if merged.bounds else math.inf,
         reasons=reasons,
         handoff=handoff,
     )

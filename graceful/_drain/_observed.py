@@ -58,9 +58,11 @@ class Durations:
         return Histogram(BOUNDS, tuple(self.counts[kind]), self.sums[kind])
 
     def as_dict(self) -> dict[str, object]:
-        """The admin status's ``durations``: bucket bounds, then per kind its counts and sum."""
+        """The admin status's ``durations``: since and until when (wall clock), the bucket bounds, then
+        per kind its counts and sum."""
         return {
             "since": self.since,
+            "until": time.time(),
             "bounds": list(BOUNDS),
             **{name: {"counts": list(self.counts[k]), "sum": round(self.sums[k], 6)} for k, name in enumerate(KINDS)},
         }
@@ -102,6 +104,8 @@ class Histogram:
 
     @classmethod
     def from_dict(cls, bounds: Sequence[float], body: Mapping[str, object]) -> Histogram:
+        if not isinstance(body, Mapping):
+            raise ObservationError("a kind's durations must be an object with counts and sum")
         counts = body.get("counts")
         total = body.get("sum", 0.0)
         if not isinstance(counts, list) or not all(type(c) is int for c in counts):

@@ -31,6 +31,7 @@ def read_histogram(page: str, name: str) -> Histogram:
     except (ValueError, IndexError, KeyError) as exc:
         raise EvidenceError(f"{name}: malformed metric line ({exc})") from None
     buckets: dict[float, float] = {}
+    series: dict[tuple[tuple[str, str], ...], set[float]] = {}  # each series' bucket bounds
     total = 0.0
     kinds = set()
     for family in families:
@@ -43,8 +44,15 @@ def read_histogram(page: str, name: str) -> Histogram:
                     raise EvidenceError(f"{name}: bucket le={sample.labels['le']!r} is not a number") from None
                 bound = math.inf if math.isinf(le) else le
                 buckets[bound] = buckets.get(bound, 0.0) + float(sample.value)
+                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+                series.setdefault(labels, set()).add(bound)
             elif sample.name == f"{name}_sum":
                 total += float(sample.value)
+    if len({frozenset(bounds) for bounds in series.values()}) > 1:
+        raise EvidenceError(
+            f"{name}: its series have different buckets and cannot be summed; "
+            "give every engine the same buckets (vLLM: the same --custom-histogram-buckets)"
+        )
     if not buckets:
         if "summary" in kinds:
             raise EvidenceError(

@@ -221,3 +221,43 @@ def test_a_page_without_the_histogram_says_what_to_do() -> None:
     summary = '# TYPE tgi_request_duration summary\ntgi_request_duration{quantile="0.5"} 3.1\n'
     with pytest.raises(EvidenceError, match="is a summary"):
         read_histogram(summary, "tgi_request_duration")
+
+
+@pytest.mark.parametrize("admit", [True, False])
+def test_the_recommended_numbers_fed_back_leave_nothing_at_risk(admit: bool) -> None:
+    """Every bucket as the longest request, waits from 0 to 60 s: the grace period, drain timeout
+    and propagation wait the advice names, resolved as the server resolves them, cover it all
+    (including the floating point of the budget rule: 1 + 2 x 0.1 - 1 is under 0.2)."""
+    for longest in BOUNDS[:-1]:
+        for wait in (0.0, 1.0, 3.0, 10.0, 60.0):
+            evidence = Evidence({"stream": histogram(longest)})
+            named = advise(evidence, budget(max(200.0, 4 * wait), wait), admit=admit)
+            assert named.grace_period is not None and named.drain_timeout is not None
+            assert named.drain_timeout >= named.propagation_wait  # refusing too: the drain lasts the wait
+            resolved = Budget.resolve(
+                grace_period=named.grace_period,
+                drain_timeout=named.drain_timeout,
+                propagation_wait=named.propagation_wait,
+            )
+            assert advise(evidence, resolved, admit=admit).at_risk["all"] == 0, (longest, wait)
+
+
+def test_no_evidence_names_no_numbers() -> None:
+    advice = advise(Evidence({"plain": Histogram.empty(), "stream": Histogram.empty()}), budget(30, 3), admit=True)
+    assert advice.requests == 0
+    assert (advice.grace_period, advice.drain_timeout, advice.refuse_grace_period, advice.handoff) == (
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+def test_an_engines_series_with_different_buckets_are_not_summed() -> None:
+    page = (
+        "# TYPE x histogram\n"
+        'x_bucket{engine="0",le="1.0"} 1\nx_bucket{engine="0",le="+Inf"} 1\nx_sum{engine="0"} 0.5\n'
+        'x_bucket{engine="1",le="2.0"} 1\nx_bucket{engine="1",le="+Inf"} 1\nx_sum{engine="1"} 1.5\n'
+    )
+    with pytest.raises(EvidenceError, match="different buckets"):
+        read_histogram(page, "x")
