@@ -142,7 +142,7 @@ def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str 
     except EvidenceError as exc:
         refused = "cannot connect" in str(exc)
         raise Problem(str(exc), EXIT_NO_SERVER if refused else EXIT_USAGE) from None
-    return Evidence({"all requests": seen}, None, (), f"{name} at {url}")
+    return Evidence({"all requests": seen}, None, (), f"{name} at {url}", sees_drains=False)
 
 
 def budget_from(in_force: dict[str, Any], given: dict[str, float | None]) -> tuple[Budget, bool]:
@@ -197,8 +197,10 @@ def report(advice: Advice, max_cut: float) -> list[str]:
             f"  propagation: {len(advice.propagation)} drain{'s' if len(advice.propagation) != 1 else ''} seen; "
             f"new requests stopped {max(advice.propagation):.1f} s after the drain's start at the latest"
         )
-    else:
+    elif advice.sees_drains:
         lines.append("  propagation: no drain seen yet (graceful_propagation_seconds fills at the first)")
+    else:
+        lines.append("  propagation: an engine's page has no drain figures (graceful's own counts have)")
     budget = advice.budget
     mode = "admitting during it" if advice.admit else "refusing during it"
     lines.append(

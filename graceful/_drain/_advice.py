@@ -41,6 +41,7 @@ class Evidence:
     window: float | None = None
     propagation: tuple[float, ...] = ()
     source: str = ""
+    sees_drains: bool = True  # False for an engine's page: it has no propagation figures
 
     @property
     def all(self) -> Histogram:
@@ -67,6 +68,7 @@ class Advice:
     propagation_quiet: float | None
     drain_timeout: float | None
     refuse_grace_period: float | None  # the grace period if new requests were refused during the wait
+    sees_drains: bool = True
     last_bound: float = math.inf  # the histogram's last bucket bound: longer requests have no figure
     reasons: dict[str, str] = field(default_factory=dict)
     handoff: str | None = None
@@ -150,8 +152,10 @@ def advise(
                 f"the {wait:g} s in force covers the slowest of {figures} drain figures ({slowest:.1f} s; "
                 "a figure cannot pass the wait in force)"
             )
-    else:
+    elif evidence.sees_drains:
         reasons["propagation_wait"] = "no drain seen yet: the wait in force"
+    else:
+        reasons["propagation_wait"] = "an engine's page has no drain figures: the wait given"
     quiet = budget.propagation_quiet
     if quiet is None and wait >= QUIET:
         quiet = QUIET
@@ -199,6 +203,7 @@ def advise(
         propagation_quiet=quiet,
         drain_timeout=timeout,
         refuse_grace_period=refuse_grace,
+        sees_drains=evidence.sees_drains,
         last_bound=merged.bounds[-1] if merged.bounds else math.inf,
         reasons=reasons,
         handoff=handoff,
