@@ -193,9 +193,10 @@ def report(advice: Advice, max_cut: float) -> list[str]:
         cells = "".join(f"{_bound(figures[p], advice.last_bound):>11}" for p in ("p50", "p95", "p99", "max"))
         lines.append(f"  {name:<13}{cells}")
     if advice.propagation:
+        count = len(advice.propagation)
         lines.append(
-            f"  propagation: {len(advice.propagation)} drain{'s' if len(advice.propagation) != 1 else ''} seen; "
-            f"new requests stopped {max(advice.propagation):.1f} s after the drain's start at the latest"
+            f"  propagation: {count} drain figure{'s' if count != 1 else ''} (one per worker and drain); "
+            f"new requests stopped {max(advice.propagation):.1f} s after a drain's start at the latest"
         )
     elif advice.sees_drains:
         lines.append("  propagation: no drain seen yet (graceful_propagation_seconds fills at the first)")
