@@ -8,6 +8,7 @@ label lookup for metrics.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import weakref
 from collections.abc import Iterator
@@ -17,7 +18,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._drain._observed import KINDS
 from .._drain._state import Drain
 from .._drain._status import State
 
@@ -88,16 +88,9 @@ class GracefulCollector(Collector):
 
 def _durations(drain: Drain) -> HistogramMetricFamily:
     family = HistogramMetricFamily(*DURATIONS, labels=["kind"])
-    durations = drain.tally.durations
-    for kind, name in enumerate(KINDS):
-        histogram = durations.histogram(kind)
-        buckets: list[tuple[str, float]] = []
-        seen = 0
-        for bound, count in zip(histogram.bounds, histogram.counts):
-            seen += count
-            buckets.append((repr(bound), float(seen)))
-        buckets.append(("+Inf", float(histogram.count)))
-        family.add_metric([name], buckets, histogram.total)
+    for kind, histogram in drain.tally.durations.histograms().items():
+        buckets = [("+Inf" if le == math.inf else repr(le), float(n)) for le, n in histogram.cumulative()]
+        family.add_metric([kind], buckets, histogram.total)
     return family
 
 

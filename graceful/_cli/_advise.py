@@ -44,13 +44,13 @@ class Problem(Exception):
         self.code = code
 
 
-# The command line's name of each budget value (``given``'s keys).
-_FLAGS = {
-    "grace_period": "--grace-period",
-    "reserve": "--reserve",
-    "propagation_wait": "--propagation-wait",
-    "propagation_quiet": "--propagation-quiet",
-    "drain_timeout": "--timeout",
+# The budget values the command line may give: its parameter -> (the budget's name, the flag).
+_BUDGET_FLAGS = {
+    "grace_period": ("grace_period", "--grace-period"),
+    "reserve": ("reserve", "--reserve"),
+    "propagation_wait": ("propagation_wait", "--propagation-wait"),
+    "propagation_quiet": ("propagation_quiet", "--propagation-quiet"),
+    "timeout": ("drain_timeout", "--timeout"),
 }
 
 
@@ -76,7 +76,7 @@ def server_evidence(socket_dir: str | None, socket: str | None) -> tuple[Evidenc
     live = [body for body in answers.values() if body is not None]
     if not live:
         raise Problem("no graceful server found: nothing is listening on " + ", ".join(paths), EXIT_NO_SERVER)
-    return evidence_from(live, EXIT_USAGE)
+    return evidence_from(live)
 
 
 def saved_evidence(files: tuple[str, ...]) -> tuple[Evidence, dict[str, Any]]:
@@ -98,18 +98,18 @@ def saved_evidence(files: tuple[str, ...]) -> tuple[Evidence, dict[str, Any]]:
         bodies.extend(content)
     if not bodies:
         raise Problem("--from: the files hold no worker status; give files written by graceful status --json")
-    return evidence_from(bodies, EXIT_USAGE)
+    return evidence_from(bodies)
 
 
-def evidence_from(bodies: list[dict[str, Any]], code: int) -> tuple[Evidence, dict[str, Any]]:
-    """Merge workers' statuses (``/status`` answers); ``code`` is the exit code of an unreadable one."""
+def evidence_from(bodies: list[dict[str, Any]]) -> tuple[Evidence, dict[str, Any]]:
+    """Merge workers' statuses (``/status`` answers) and take the first one's budget; raises Problem."""
     histograms: dict[str, Histogram] = {}
     now = time.time()
     since, until, propagation = now, 0.0, list[float]()
     for body in bodies:
         durations = body.get("durations")
         if not isinstance(durations, dict) or "bounds" not in durations:
-            raise Problem(f"worker {body.get('pid', '?')} reports no request durations: upgrade its graceful", code)
+            raise Problem(f"worker {body.get('pid', '?')} reports no request durations: upgrade its graceful")
         try:
             for kind in KINDS:
                 seen = Histogram.from_dict(durations["bounds"], durations.get(kind) or {})
@@ -118,7 +118,7 @@ def evidence_from(bodies: list[dict[str, Any]], code: int) -> tuple[Evidence, di
             until = max(until, float(durations.get("until") or now))
             propagation.extend(float(p) for p in body.get("propagation") or ())
         except (ObservationError, AttributeError, TypeError, ValueError) as exc:
-            raise Problem(f"worker {body.get('pid', '?')}: unreadable durations ({exc})", code) from None
+            raise Problem(f"worker {body.get('pid', '?')}: unreadable durations ({exc})") from None
     workers = f"{len(bodies)} worker{'s' if len(bodies) != 1 else ''}"
     return Evidence(histograms, until - since, tuple(propagation), workers), dict(bodies[0].get("budget") or {})
 
@@ -140,8 +140,7 @@ def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str 
     try:
         seen = anyio.run(fetch_histogram, url, name)
     except EvidenceError as exc:
-        refused = "cannot connect" in str(exc)
-        raise Problem(str(exc), EXIT_NO_SERVER if refused else EXIT_USAGE) from None
+        raise Problem(str(exc), EXIT_NO_SERVER if exc.unreachable else EXIT_USAGE) from None
     return Evidence({"all requests": seen}, None, (), f"{name} at {url}", sees_drains=False)
 
 
@@ -149,21 +148,18 @@ def budget_from(in_force: dict[str, Any], given: dict[str, float | None]) -> tup
     """The budget to judge: the server's (or the environment's), with the command line's values over it.
 
     Returns it with whether its reserve was set (kept by the recommendations) rather than the default rule."""
-    values = {**{k: v for k, v in in_force.items() if k != "admit_during_propagation"}}
-    values.update({k: v for k, v in given.items() if v is not None})
-    grace = values.get("grace_period")
+    values = {**in_force, **{k: v for k, v in given.items() if v is not None}}
     if given.get("grace_period") is not None and given.get("reserve") is None:
         values.pop("reserve", None)  # a new grace period brings its own default reserve
     reserve = values.get("reserve")
     budget = Budget.resolve(
-        grace_period=grace,
+        grace_period=values.get("grace_period"),
         reserve=reserve,
         drain_timeout=values.get("drain_timeout"),
         propagation_wait=values.get("propagation_wait") or 0.0,
         propagation_quiet=values.get("propagation_quiet"),
     )
-    reserve_given = reserve is not None and budget.reserve != default_reserve(budget.grace_period)
-    return budget, reserve_given
+    return budget, reserve is not None and budget.reserve != default_reserve(budget.grace_period)
 
 
 def _bound(value: float, last: float) -> str:
@@ -183,22 +179,23 @@ def _window(seconds: float | None) -> str:
 
 def report(advice: Advice, max_cut: float) -> list[str]:
     """The advice as the command prints it."""
+    evidence = advice.evidence
     if advice.requests == 0:
-        return [f"graceful advise: {advice.source}: no finished request seen yet; send traffic, then ask again"]
-    lines = [f"graceful advise: {advice.source}, {advice.requests} finished requests {_window(advice.window)}"]
+        return [f"graceful advise: {evidence.source}: no finished request seen yet; send traffic, then ask again"]
+    lines = [f"graceful advise: {evidence.source}, {advice.requests} finished requests {_window(evidence.window)}"]
     lines.append(f"  {'durations':<13}{'p50':>11}{'p95':>11}{'p99':>11}{'max':>11}   (bucket upper bounds)")
     for name, figures in advice.percentiles.items():
         if name == "all" and len(advice.percentiles) <= 2:
             continue  # one kind seen: its row says it all
         cells = "".join(f"{_bound(figures[p], advice.last_bound):>11}" for p in ("p50", "p95", "p99", "max"))
         lines.append(f"  {name:<13}{cells}")
-    if advice.propagation:
-        count = len(advice.propagation)
+    if evidence.propagation:
+        count = len(evidence.propagation)
         lines.append(
             f"  propagation: {count} drain figure{'s' if count != 1 else ''} (one per worker and drain); "
-            f"new requests stopped {max(advice.propagation):.1f} s after a drain's start at the latest"
+            f"new requests stopped {max(evidence.propagation):.1f} s after a drain's start at the latest"
         )
-    elif advice.sees_drains:
+    elif evidence.sees_drains:
         lines.append("  propagation: no drain seen yet (graceful_propagation_seconds fills at the first)")
     else:
         lines.append("  propagation: an engine's page has no drain figures (graceful's own counts have)")
@@ -236,24 +233,9 @@ def report(advice: Advice, max_cut: float) -> list[str]:
         )
     if advice.handoff is not None:
         lines.append(f"  {advice.handoff}")
-    verdict = "cuts" if share > max_cut else "holds"
     allowed = "none" if max_cut == 0 else f"{max_cut:.2%}"
-    lines.append(f"verdict: the budget in force {verdict} (at risk {share:.2%}; allowed {allowed})")
+    lines.append(f"verdict: the budget in force {advice.verdict(max_cut)} (at risk {share:.2%}; allowed {allowed})")
     return lines
-
-
-def exit_code(advice: Advice, max_cut: float) -> int:
-    return EXIT_LEFTOVER if advice.at_risk_share > max_cut else EXIT_OK
-
-
-def as_json(advice: Advice, max_cut: float) -> str:
-    return json.dumps({**advice.as_dict(), "max_cut": max_cut, "verdict": _verdict(advice, max_cut)})
-
-
-def _verdict(advice: Advice, max_cut: float) -> str:
-    if advice.requests == 0:
-        return "no evidence"
-    return "cuts" if advice.at_risk_share > max_cut else "holds"
 
 
 def run_advise(
@@ -264,23 +246,21 @@ def run_advise(
     metrics_url: str | None,
     histogram: str | None,
     saved: tuple[str, ...],
-    given: dict[str, str | None],
-    admit: bool | None,
+    admit_during_propagation: bool | None,
     max_cut: str,
-    max_grace: str | None,
+    max_grace_period: str | None,
     json_output: bool,
+    **budget_options: str | None,
 ) -> int:
-    """Read the options, gather, judge, print; returns the exit code."""
+    """Read the options (``budget_options``: those of ``_BUDGET_FLAGS``, as the command line gave
+    them), gather, judge, print; returns the exit code."""
     try:
-        durations = {
-            name: None if text is None else parse_duration(text, name=_FLAGS[name]) for name, text in given.items()
+        given = {
+            name: None if budget_options[param] is None else parse_duration(str(budget_options[param]), name=flag)
+            for param, (name, flag) in _BUDGET_FLAGS.items()
         }
         share = parse_share(max_cut)
-        longest = None if max_grace is None else parse_duration(max_grace, name="--max-grace-period")
-    except ConfigError as exc:
-        click.echo(f"graceful advise: {exc}", err=True)
-        return EXIT_USAGE
-    try:
+        longest = None if max_grace_period is None else parse_duration(max_grace_period, name="--max-grace-period")
         if engine is not None or metrics_url is not None or histogram is not None:
             evidence = engine_evidence(engine, metrics_url, histogram)
             in_force: dict[str, Any] = {}
@@ -288,18 +268,18 @@ def run_advise(
             evidence, in_force = saved_evidence(saved)
         else:
             evidence, in_force = server_evidence(socket_dir, socket)
-        budget, reserve_given = budget_from(in_force, durations)
-    except Problem as exc:
+        budget, reserve_given = budget_from(in_force, given)
+    except (Problem, ConfigError) as exc:
         click.echo(f"graceful advise: {exc}", err=True)
-        return exc.code
-    except ConfigError as exc:
-        click.echo(f"graceful advise: {exc}", err=True)
-        return EXIT_USAGE
-    admitting = bool(in_force.get("admit_during_propagation", True)) if admit is None else admit
-    advice = advise(evidence, budget, admit=admitting, max_grace=longest, reserve_given=reserve_given)
+        return exc.code if isinstance(exc, Problem) else EXIT_USAGE
+    admit = (
+        in_force.get("admit_during_propagation", True) if admit_during_propagation is None else admit_during_propagation
+    )
+    advice = advise(evidence, budget, admit=bool(admit), max_grace=longest, reserve_given=reserve_given)
+    verdict = advice.verdict(share)
     if json_output:
-        click.echo(as_json(advice, share))
+        click.echo(json.dumps({**advice.as_dict(), "max_cut": share, "verdict": verdict}))
     else:
         for line in report(advice, share):
             click.echo(line)
-    return EXIT_OK if advice.requests == 0 else exit_code(advice, share)
+    return EXIT_LEFTOVER if verdict == "cuts" else EXIT_OK

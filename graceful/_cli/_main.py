@@ -178,16 +178,7 @@ def advise_command(ctx: click.Context, /, **options: Any) -> None:
 
     if options["socket_dir"] and options["socket"]:
         _fail(ctx, BOTH_SOCKETS)
-    given = {
-        "grace_period": options.pop("grace_period"),
-        "reserve": options.pop("reserve"),
-        "propagation_wait": options.pop("propagation_wait"),
-        "propagation_quiet": options.pop("propagation_quiet"),
-        "drain_timeout": options.pop("timeout"),
-    }
-    admit = options.pop("admit_during_propagation")
-    max_grace = options.pop("max_grace_period")
-    ctx.exit(run_advise(**options, given=given, admit=admit, max_grace=max_grace))
+    ctx.exit(run_advise(**options))
 
 
 @cli.command("resume")

@@ -17,12 +17,12 @@ Pure arithmetic over ``Histogram`` snapshots and a ``Budget``, with the budget's
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ._budget import Budget
 from ._durations import default_reserve
-from ._observed import KINDS, Histogram, merge_all
+from ._observed import Histogram, merge_all
 
 __all__ = ["PROPAGATION_HEADROOM", "QUIET", "Advice", "Evidence", "Outlook", "advise", "outlook"]
 
@@ -35,7 +35,7 @@ _LONGEST_GRACE = 10**7  # seconds: the search's upper end (115 days)
 @dataclass(frozen=True)
 class Evidence:
     """What a server (or an engine's page) saw: durations by kind, over ``window`` seconds, and
-    each drain's propagation figure. An engine page has one histogram, filed as plain."""
+    each drain's propagation figure. An engine's page has one histogram, for all requests."""
 
     histograms: dict[str, Histogram]
     window: float | None = None
@@ -51,27 +51,38 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Advice:
-    """What ``graceful advise`` says: the figures, the verdict on the budget in force and the numbers."""
+    """What ``graceful advise`` says: the evidence, the verdict on the budget in force and the numbers."""
 
-    requests: int
-    window: float | None
-    source: str
+    evidence: Evidence
     percentiles: dict[str, dict[str, float]]
-    propagation: tuple[float, ...]
     budget: Budget
     admit: bool
     covered: float
     at_risk: dict[str, int]
     longest: float
-    grace_period: float | None  # None: no grace period holds the longest request seen
+    grace_period: float | None  # None: no evidence, or no grace period holds the longest request seen
     propagation_wait: float
     propagation_quiet: float | None
     drain_timeout: float | None
     refuse_grace_period: float | None  # the grace period if new requests were refused during the wait
-    sees_drains: bool = True
-    last_bound: float = math.inf  # the histogram's last bucket bound: longer requests have no figure
     reasons: dict[str, str] = field(default_factory=dict)
     handoff: str | None = None
+
+    @property
+    def requests(self) -> int:
+        return self.evidence.all.count
+
+    @property
+    def last_bound(self) -> float:
+        """The histogram's last bucket bound: longer requests have no figure."""
+        bounds = self.evidence.all.bounds
+        return bounds[-1] if bounds else math.inf
+
+    def verdict(self, max_cut: float) -> str:
+        """``cuts`` when the share at risk is over ``max_cut``, else ``holds``; ``no evidence`` before any request."""
+        if self.requests == 0:
+            return "no evidence"
+        return "cuts" if self.at_risk_share > max_cut else "holds"
 
     @property
     def at_risk_share(self) -> float:
@@ -83,12 +94,16 @@ class Advice:
                 return None
             return "inf" if math.isinf(value) else round(value, 6)
 
+        evidence = self.evidence
         return {
-            "source": self.source,
+            "source": evidence.source,
             "requests": self.requests,
-            "window": number(self.window),
+            "window": number(evidence.window),
             "percentiles": {k: {p: number(v) for p, v in ps.items()} for k, ps in self.percentiles.items()},
-            "propagation": {"drains": len(self.propagation), "longest": number(max(self.propagation, default=None))},
+            "propagation": {
+                "drains": len(evidence.propagation),
+                "longest": number(max(evidence.propagation, default=None)),
+            },
             "in_force": {
                 "grace_period": self.budget.grace_period,
                 "reserve": self.budget.reserve,
@@ -188,11 +203,8 @@ def advise(
         )
         reasons["drain_timeout"] = f"a drain needs {rule}; leave it unset or at least this"
     return Advice(
-        requests=merged.count,
-        window=evidence.window,
-        source=evidence.source,
+        evidence=evidence,
         percentiles=percentiles,
-        propagation=evidence.propagation,
         budget=budget,
         admit=admit,
         covered=covered,
@@ -203,8 +215,6 @@ def advise(
         propagation_quiet=quiet,
         drain_timeout=timeout,
         refuse_grace_period=refuse_grace,
-        sees_drains=evidence.sees_drains,
-        last_bound=merged.bounds[-1] if merged.bounds else math.inf,
         reasons=reasons,
         handoff=handoff,
     )
@@ -253,17 +263,17 @@ class Outlook:
         }
 
 
-def outlook(ages: Sequence[tuple[float, bool]], histograms: Sequence[Histogram], left: float) -> Outlook:
-    """Judge each item in flight (its age, whether it has streamed) by ``histograms`` (one per kind,
-    in ``KINDS`` order): one that has streamed by the streams seen, any other by everything seen."""
-    merged = merge_all(histograms) or Histogram.empty()
+def outlook(ages: Sequence[tuple[float, bool]], histograms: Mapping[str, Histogram], left: float) -> Outlook:
+    """Judge each item in flight (its age, whether it has streamed) by ``histograms`` (by kind): one
+    that has streamed by the streams seen, any other by everything seen."""
+    merged = merge_all(histograms.values()) or Histogram.empty()
     if merged.count == 0:  # nothing to judge by
         return Outlook(len(ages), left, 0, 0.0, 0)
-    by_kind = dict(zip(KINDS, histograms))
-    stream = by_kind.get("stream", merged)
+    stream = histograms.get("stream")
+    streams = stream if stream is not None and stream.count else merged
     at_risk, expected = 0, 0.0
     for age, streamed in ages:
-        chance = (stream if streamed and stream.count else merged).still_running(age, left)
+        chance = (streams if streamed else merged).still_running(age, left)
         if chance > 0:
             at_risk += 1
             expected += chance

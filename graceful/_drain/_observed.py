@@ -54,8 +54,9 @@ class Durations:
         self.sums = [0.0] * len(KINDS)
         self.since = time.time()
 
-    def histogram(self, kind: int) -> Histogram:
-        return Histogram(BOUNDS, tuple(self.counts[kind]), self.sums[kind])
+    def histograms(self) -> dict[str, Histogram]:
+        """A snapshot per kind, by name (``KINDS``)."""
+        return {name: Histogram(BOUNDS, tuple(self.counts[k]), self.sums[k]) for k, name in enumerate(KINDS)}
 
     def as_dict(self) -> dict[str, object]:
         """The admin status's ``durations``: since and until when (wall clock), the bucket bounds, then
@@ -113,6 +114,14 @@ class Histogram:
         if not isinstance(total, (int, float)):
             raise ObservationError("sum must be a number")
         return cls(tuple(float(b) for b in bounds), tuple(counts), float(total))
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """Prometheus' ``le`` buckets, ``math.inf`` last: ``from_cumulative`` read backwards."""
+        seen, buckets = 0, []
+        for bound, count in zip([*self.bounds, math.inf], self.counts):
+            seen += count
+            buckets.append((bound, seen))
+        return buckets
 
     @property
     def count(self) -> int:

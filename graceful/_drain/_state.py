@@ -18,7 +18,6 @@ from typing import Any
 
 from ._advice import Outlook, outlook
 from ._ledger import Ledger, NotAccepting, track
-from ._observed import KINDS
 from ._options import DrainConfig
 from ._run import DrainRun
 from ._status import DRAINING, SERVING, STOPPED, DrainResult, DrainStatus, State, Tally
@@ -140,8 +139,7 @@ class Drain(Ledger):
             left = max(0.0, run.deadline - time.monotonic())
         else:
             left = self.budget.limit if limit is None else limit
-        durations = self.tally.durations
-        return outlook(self.ages(), [durations.histogram(kind) for kind in range(len(KINDS))], left)
+        return outlook(self.ages(), self.tally.durations.histograms(), left)
 
     def handed_off(self) -> int:
         """Streams the current (or last) drain has handed off so far."""

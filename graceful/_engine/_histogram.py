@@ -1,26 +1,30 @@
 """An engine's request-duration histogram, read off its Prometheus page for ``graceful advise``.
 
 Every series of the histogram is summed bucket by bucket (data-parallel engines, several
-models); the page is read once, with the same bounds on time and size as engine drain's reads.
+models); the page is read once by engine drain's own read (``read_page``), with its bounds.
 """
 
 from __future__ import annotations
 
 import math
 
-import anyio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .._drain._observed import Histogram, ObservationError
-from ._page import PageError, prefilter
-from ._wait import MAX_PAGE_BYTES, PageTooLarge, fetch
+from ._page import prefilter
+from ._wait import read_page
 
 __all__ = ["EvidenceError", "fetch_histogram", "read_histogram"]
 
 
 class EvidenceError(Exception):
-    """The page gives no histogram to advise from; the message names the fix."""
+    """The page gives no histogram to advise from; the message names the fix. ``unreachable``:
+    nothing answered at the URL."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def read_histogram(page: str, name: str) -> Histogram:
@@ -71,31 +75,14 @@ def read_histogram(page: str, name: str) -> Histogram:
 
 async def fetch_histogram(url: str, name: str, limit: float = 5.0) -> Histogram:
     """GET ``url`` (the whole read within ``limit`` seconds) and read the histogram ``name`` off it."""
-    body = b""
-    with anyio.move_on_after(limit):
-        try:
-            async with httpx.AsyncClient(timeout=limit) as client:
-                status, charset, body = await fetch(client, url)
-        except httpx.ConnectError as exc:
-            raise EvidenceError(
-                f"cannot connect to {url} ({exc}); is the engine running there? fix --metrics-url"
-            ) from None
-        except httpx.InvalidURL as exc:
-            raise EvidenceError(f"--metrics-url {url!r} is not a URL ({exc}); give http://HOST:PORT/metrics") from None
-        except PageTooLarge:
-            raise EvidenceError(
-                f"{url} answered with more than {MAX_PAGE_BYTES // 2**20} MiB: not a metrics page"
-            ) from None
-        except (httpx.HTTPError, httpx.StreamError) as exc:
-            raise EvidenceError(f"cannot read {url}: {type(exc).__name__}: {exc}") from None
-        if status != 200:
-            raise EvidenceError(f"{url} answered HTTP {status}; fix --metrics-url (the engine's /metrics)")
-        try:
-            page = body.decode(charset)
-        except (LookupError, UnicodeDecodeError) as exc:
-            raise EvidenceError(f"{url} did not answer with text ({exc})") from None
-        try:
-            return read_histogram(page, name)
-        except PageError as exc:
-            raise EvidenceError(f"{name}: {exc}") from None
-    raise EvidenceError(f"{url} gave no whole answer within {limit:g} s; is the engine overloaded or the URL wrong?")
+    try:
+        async with httpx.AsyncClient(timeout=limit) as client:
+            read = await read_page(client, url, limit)
+    except httpx.InvalidURL as exc:
+        raise EvidenceError(f"--metrics-url {url!r} is not a URL ({exc}); give http://HOST:PORT/metrics") from None
+    if read.page is None:
+        raise EvidenceError(
+            f"cannot read {url}: {read.error}; is the engine running there? fix --metrics-url",
+            unreachable=read.refused,
+        )
+    return read_histogram(read.page, name)

@@ -32,7 +32,7 @@ from ._config import EngineConfig, EngineDrainResult, EngineOutcome, EngineProgr
 from ._page import PageError, has_only, read_metrics
 from ._presets import EnginePreset
 
-__all__ = ["MAX_PAGE_BYTES", "REFUSED_READS", "PageTooLarge", "fetch", "poll", "wait_idle"]
+__all__ = ["MAX_PAGE_BYTES", "REFUSED_READS", "PageRead", "poll", "read_page", "wait_idle"]
 
 logger = logging.getLogger("graceful.engine")
 
@@ -42,7 +42,10 @@ MAX_PAGE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class _Read:
+class PageRead:
+    """One read of an engine's page: its text (``page``), or why there is none; then the values read off it."""
+
+    page: str | None = None
     values: dict[str, float | None] | None = None
     error: str | None = None
     refused: bool = False
@@ -63,66 +66,74 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-async def fetch(client: httpx.AsyncClient, url: str) -> tuple[int, str, bytes]:
+async def _fetch(client: httpx.AsyncClient, url: str) -> tuple[int, str, bytes]:
     """One GET, streamed so that the body is capped; httpx decodes any Content-Encoding on the way."""
     async with client.stream("GET", url) as response:
         body = bytearray()
         async for chunk in response.aiter_bytes():
             body += chunk
             if len(body) > MAX_PAGE_BYTES:
-                raise PageTooLarge
+                raise _PageTooLarge
         return response.status_code, response.charset_encoding or "utf-8", bytes(body)
 
 
-class PageTooLarge(Exception):
+class _PageTooLarge(Exception):
     """The answer ran past ``MAX_PAGE_BYTES``: not a metrics page."""
+
+
+async def read_page(client: httpx.AsyncClient, url: str, limit: float) -> PageRead:
+    """GET the page as text, connect to last byte within ``limit`` seconds, or say why not (``error``).
+
+    httpx's timeouts apply per socket operation: an engine that trickles bytes never trips
+    them. The cancel scope bounds the whole read.
+    """
+    with anyio.move_on_after(limit):
+        try:
+            status, charset, body = await _fetch(client, url)
+        except httpx.ConnectError as exc:
+            if _refused(exc):
+                return PageRead(error="connection refused", refused=True)
+            return PageRead(error=f"cannot connect: {exc}")
+        except httpx.TimeoutException:
+            return PageRead(error=f"no answer within {limit:.2g}s")
+        except httpx.TransportError as exc:
+            return PageRead(error=f"connection error: {type(exc).__name__}")
+        except httpx.DecodingError as exc:
+            return PageRead(error=f"unreadable page: bad Content-Encoding ({exc})", unreadable=True)
+        except _PageTooLarge:
+            return PageRead(error=f"unreadable page: larger than {MAX_PAGE_BYTES // 2**20} MiB", unreadable=True)
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            return PageRead(error=f"unreadable page: {type(exc).__name__}: {exc}", unreadable=True)
+        if status != 200:
+            return PageRead(error=f"HTTP {status}")
+        try:
+            return PageRead(page=body.decode(charset))
+        except LookupError:
+            return PageRead(error=f"unreadable page: unknown charset {charset!r}", unreadable=True)
+        except UnicodeDecodeError as exc:
+            reason = f"not {charset} text ({exc.reason} at byte {exc.start})"
+            return PageRead(error=f"unreadable page: {reason}", unreadable=True)
+    return PageRead(error=f"no answer within {limit:.2g}s")
 
 
 async def _read_once(
     client: httpx.AsyncClient, url: str, names: Sequence[str], limit: float, fresh_page: Collection[str] | None = None
-) -> _Read:
-    # httpx's timeouts apply per socket operation: an engine that trickles bytes never trips them.
-    # The cancel scope bounds the whole read, connect to last byte.
-    with anyio.move_on_after(limit):
-        try:
-            status, charset, body = await fetch(client, url)
-        except httpx.ConnectError as exc:
-            if _refused(exc):
-                return _Read(error="connection refused", refused=True)
-            return _Read(error=f"cannot connect: {exc}")
-        except httpx.TimeoutException:
-            return _Read(error=f"no answer within {limit:.2g}s")
-        except httpx.TransportError as exc:
-            return _Read(error=f"connection error: {type(exc).__name__}")
-        except httpx.DecodingError as exc:
-            return _Read(error=f"unreadable page: bad Content-Encoding ({exc})", unreadable=True)
-        except PageTooLarge:
-            return _Read(error=f"unreadable page: larger than {MAX_PAGE_BYTES // 2**20} MiB", unreadable=True)
-        except (httpx.HTTPError, httpx.StreamError) as exc:
-            return _Read(error=f"unreadable page: {type(exc).__name__}: {exc}", unreadable=True)
-        return _parse(status, charset, body, names, fresh_page)
-    return _Read(error=f"no answer within {limit:.2g}s")
+) -> PageRead:
+    read = await read_page(client, url, limit)
+    return read if read.page is None else _parse(read.page, names, fresh_page)
 
 
-def _parse(status: int, charset: str, body: bytes, names: Sequence[str], fresh_page: Collection[str] | None) -> _Read:
-    if status != 200:
-        return _Read(error=f"HTTP {status}")
-    try:
-        page = body.decode(charset)
-    except LookupError:
-        return _Read(error=f"unreadable page: unknown charset {charset!r}", unreadable=True)
-    except UnicodeDecodeError as exc:
-        return _Read(error=f"unreadable page: not {charset} text ({exc.reason} at byte {exc.start})", unreadable=True)
+def _parse(page: str, names: Sequence[str], fresh_page: Collection[str] | None) -> PageRead:
     try:
         values = read_metrics(page, names)
     except PageError as exc:
-        return _Read(error=f"garbage page: {exc}")
+        return PageRead(error=f"garbage page: {exc}")
     if all(value is None for value in values.values()):
         if page.lstrip().startswith("<"):
-            return _Read(error="garbage page: not Prometheus text (HTML?)")
+            return PageRead(error="garbage page: not Prometheus text (HTML?)")
         if fresh_page is not None and has_only(page, fresh_page):
-            return _Read(values=values, fresh=True)
-    return _Read(values=values)
+            return PageRead(values=values, fresh=True)
+    return PageRead(values=values)
 
 
 async def wait_idle(

@@ -104,7 +104,7 @@ def test_the_sweep_counts_finished_work_by_kind_rounded_up_by_less_than_its_peri
                 running.pop(name).finish(COMPLETED)
         ledger.sweep()
     ledger.sweep()
-    plain, stream = (tally.durations.histogram(kind) for kind in range(len(KINDS)))
+    plain, stream = (tally.durations.histograms()[kind] for kind in KINDS)
     assert stream.count == 2 and plain.count == 3
     assert stream.longest() == 7.5 and stream.quantile(0.5) == 1.5  # 7.0 and 1.25: rounded up, not by a bucket
     assert plain.longest() == 0.8  # 0.75
@@ -170,12 +170,12 @@ def test_the_outlook_judges_work_in_flight_by_what_was_seen() -> None:
     plain, stream = histogram(*[0.2] * 8), histogram(5.0, 20.0, 20.0, 50.0)
     # 12 s left. A stream 10 s old, by the streams: of the three seen past 10 s, one (50 s) ran past
     # 22 s. A request 0.1 s old that has not streamed, by everything: 3 of 12 ran past 12.1 s.
-    ahead = outlook([(10.0, True), (0.1, False)], [plain, stream], 12.0)
+    ahead = outlook([(10.0, True), (0.1, False)], {"plain": plain, "stream": stream}, 12.0)
     assert ahead.in_flight == 2 and ahead.seen == 12
     assert ahead.at_risk == 2
     assert ahead.expected == pytest.approx(1 / 3 + 3 / 12)
-    assert outlook([(10.0, True)], [plain, stream], 60.0).at_risk == 0  # nothing seen ran past 70 s
-    assert outlook([(10.0, True)], [Histogram.empty(), Histogram.empty()], 12.0).at_risk == 0
+    assert outlook([(10.0, True)], {"plain": plain, "stream": stream}, 60.0).at_risk == 0  # nothing seen ran past 70 s
+    assert outlook([(10.0, True)], {"plain": Histogram.empty(), "stream": Histogram.empty()}, 12.0).at_risk == 0
 
 
 def vllm_page(durations: list[tuple[float, str]]) -> str:
