@@ -25,11 +25,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "graceful"
 # Which private package may import which (besides itself). The public modules may import any.
 ALLOWED: dict[str, set[str]] = {
     "_drain": set(),
-    "_resume": set(),
+    "_stream": set(),
+    "_resume": {"_stream"},
     "_admin": {"_drain"},
     "_engine": {"_drain"},
     "_soak": {"_drain", "_resume"},
-    "_asgi": {"_drain", "_admin"},
+    "_asgi": {"_drain", "_admin", "_stream"},
     "_serve": {"_asgi", "_admin", "_drain"},
     "_cli": {"_admin", "_drain", "_engine", "_soak", "_serve"},
 }

@@ -230,7 +230,9 @@ class _Exchange:
             return await self._answer(200, self.drain.status().as_dict())
         if target.path == "/resume":
             resumed = self.drain.resume()
-            return await self._answer(200, {"resumed": resumed, "state": self.drain.state.value, "pid": os.getpid()})
+            failure = self.drain.failure
+            answer = {"resumed": resumed, "state": self.drain.state.value, "pid": os.getpid()}
+            return await self._answer(200, {**answer, "failure": None if failure is None else failure.as_dict()})
         try:
             options = _drain_options(target.query)
             # Values the parser cannot judge alone (propagation_quiet against the wait)

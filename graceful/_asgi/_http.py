@@ -13,6 +13,8 @@ import anyio
 from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, Tracked
 from .._drain._state import Drain
 from .._drain._status import SERVING
+from .._stream._rules import RESUMABLE_HEADER as _RESUMABLE
+from .._stream._rules import engine_dead, engine_dead_body, engine_dead_exception, media_type, server_failed
 from ._frames import FinalFrame, default_final_frame, resumable_final_frame, shutdown_error
 from ._refusal import HTTP1, json_response, request_id
 from ._shared import Shared
@@ -23,7 +25,7 @@ __all__ = ["RESUMABLE_HEADER", "Call", "peer_of", "resumable"]
 logger = logging.getLogger("graceful")
 
 # A client that can continue a cut stream elsewhere says so (docs/resume.md).
-RESUMABLE_HEADER = b"x-graceful-resumable"
+RESUMABLE_HEADER = _RESUMABLE.encode()
 
 
 def peer_of(scope: Scope) -> object:
@@ -88,6 +90,9 @@ class Call(Tracked):
     def failed(self, exc: BaseException) -> bool:
         """Account for an app that raised; True when the error is ours to swallow."""
         if self.open:
+            death = engine_dead_exception(exc)
+            if death is not None:  # the engine died under a response it could not end (no error event)
+                self.ledger.mark_failed(ENGINE_DEAD, f"{self.label()}: {death}")
             self.finish(_classify(exc))
             return False
         if self.server_send is _drop and isinstance(exc, asyncio.CancelledError) and self.task is not None:
@@ -125,8 +130,11 @@ class Call(Tracked):
         if kind == "http.response.start":
             self.start = message
             shared = self.shared
-            if shared.request_id_header is None and self.ledger.state is SERVING:
+            if shared.request_id_header is None and self.ledger.state is SERVING and message["status"] < 500:
                 return self.server_send(message)  # nothing to add: the app's message goes through as it is
+            if message["status"] >= 500 and self.content_type_media() != b"text/event-stream":
+                # The body may say that the engine has died (a new request to a dead engine).
+                self.server_send = self._watch_failure(self.server_send)
             # A copy of the app's list (it may reuse one list for every response), set into its
             # message in place, as starlette's MutableHeaders does.
             headers = list(message.get("headers", ()))
@@ -157,10 +165,12 @@ class Call(Tracked):
         takes it for a whole answer and a resuming client continues it elsewhere. The
         engine's error event has reached the client already, and the log names it.
         """
-        reason, detail = self._ended_early()
+        reason, detail, death = self._ended_early()
         if reason is None:
             await self.server_send(message)
             return
+        if death is not None:  # before the stream ends: its client's next try must find this replica refusing
+            self.ledger.mark_failed(ENGINE_DEAD, f"{self.label()}: {death}")
         self.ledger.count_truncated(reason)
         logger.warning("%s: %s; it ends with the retryable final frame", self.label(), detail)
         send, self.server_send = self.server_send, _drop
@@ -171,20 +181,47 @@ class Call(Tracked):
         if self.open:
             self.finish(ERROR)
 
-    def _ended_early(self) -> tuple[str | None, str]:
-        """Why the engine's stream before ``[DONE]`` is not a whole answer: (reason, what happened), or (None, "")."""
+    def _ended_early(self) -> tuple[str | None, str, str | None]:
+        """Why the engine's stream before ``[DONE]`` is not a whole answer: (reason, what happened, the engine's
+        error when it says the engine has died), or (None, "", None)."""
         last = self.last
         if last is None or self.content_type_media() != b"text/event-stream":
-            return None, ""
+            return None, "", None
         if last.startswith(_ERROR_EVENT):
-            error = _server_error(last)
-            if error is not None:
-                return ENGINE_ERROR, f"the engine ended the stream with an error ({error})"
-            return None, ""
+            error = _error_of(last[5:])
+            if server_failed(error):
+                said = _describe(error)
+                return (
+                    ENGINE_ERROR,
+                    f"the engine ended the stream with an error ({said})",
+                    (said if engine_dead(error) else None),
+                )
+            return None, "", None
         frames = [frame for frame in (getattr(self, "before", None), last) if frame is not None and _ABORT in frame]
         if any(map(_aborted, frames)):
-            return ENGINE_ABORT, "the engine aborted the stream"
-        return None, ""
+            return ENGINE_ABORT, "the engine aborted the stream", None
+        return None, "", None
+
+    def _watch_failure(self, send: Send) -> Send:
+        """``send`` for a 5xx response that is not a stream: its body is read on the way, and one that
+        says the engine has died puts the drain into FAILED before the body reaches the client."""
+        seen: list[bytes] = []
+        size = 0
+
+        async def watching(message: Message) -> None:
+            nonlocal size
+            if message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if size + len(body) <= _FAILURE_BODY_LIMIT:
+                    seen.append(body)
+                size += len(body)
+                if not message.get("more_body", False) and size <= _FAILURE_BODY_LIMIT:
+                    whole = b"".join(seen)
+                    if engine_dead_body(whole):
+                        self.ledger.mark_failed(ENGINE_DEAD, f"{self.label()} answered {whole[:300]!r}")
+            await send(message)
+
+        return watching
 
     async def _start_then_hand_off(self, message: Message) -> None:
         """A response that starts once the handoff has begun: a resumable stream is handed off at once."""
@@ -203,7 +240,7 @@ class Call(Tracked):
         return b""
 
     def content_type_media(self) -> bytes:
-        return self.content_type().split(b";", 1)[0].strip().lower()
+        return media_type(self.content_type()).encode()
 
     def label(self) -> str:
         return f"{self.scope.get('method', 'GET')} {self.scope['path']}"
@@ -263,20 +300,24 @@ _ERROR_EVENT = b'data: {"error"'
 # The reasons of graceful_truncated_streams for a stream the engine ended (docs/metrics.md).
 ENGINE_ABORT = "engine_abort"
 ENGINE_ERROR = "engine_error"
+# The reason of graceful_failures_total, and of FAILED in /status, for an engine that died.
+ENGINE_DEAD = "engine_dead"
+# The most of a 5xx body read for the engine's death: an engine's error body is a few hundred bytes.
+_FAILURE_BODY_LIMIT = 64 * 1024
 
 
-def _server_error(frame: bytes) -> str | None:
-    """The message of an SSE error event whose ``code`` is 5xx (the server failed, not the request), else None."""
+def _error_of(data: bytes) -> object:
+    """The ``error`` of an event's JSON data, or None."""
     try:
-        error = json.loads(frame[5:]).get("error")
-    except (ValueError, AttributeError):
+        payload = json.loads(data)
+    except ValueError:
         return None
-    if not isinstance(error, dict) or error.get("type") == "server_shutdown":
-        return None  # graceful's own final event (a second graceful in the path) is passed on
-    code = error.get("code")
-    if type(code) is not int or not 500 <= code <= 599:
-        return None
-    return f"{code} {error.get('type', '')}: {error.get('message', '')}".strip()
+    return payload.get("error") if isinstance(payload, dict) else None
+
+
+def _describe(error: object) -> str:
+    assert isinstance(error, dict)
+    return f"{error.get('code')} {error.get('type', '')}: {error.get('message', '')}".strip()
 
 
 def _aborted(frame: bytes) -> bool:

@@ -36,6 +36,11 @@ COUNTERS = {
         "Responses ended early: at the drain deadline, on a forced exit, or aborted by the engine.",
         "reason",
     ),
+    "failures": (
+        "graceful_failures",
+        "Entries into FAILED by reason: engine_dead when the engine behind the server died.",
+        "reason",
+    ),
 }
 # Keyed by the groups of Drain.tally.samples(): (name, help, buckets).
 HISTOGRAMS = {

@@ -62,6 +62,7 @@ class GracefulMiddleware:
         max_in_flight: int | None = UNSET,
         reject_over: int | None = UNSET,
         live_check: Callable[[], bool] | None = UNSET,
+        fail_liveness: bool = UNSET,
         ready_on_startup: bool = UNSET,
         request_id_header: str | None = UNSET,
         admin: bool = UNSET,
@@ -89,6 +90,7 @@ class GracefulMiddleware:
             max_in_flight=max_in_flight,
             reject_over=reject_over,
             live_check=live_check,
+            fail_liveness=fail_liveness,
             ready_on_startup=ready_on_startup,
             request_id_header=request_id_header,
             admin=admin,
@@ -108,6 +110,7 @@ class GracefulMiddleware:
         self.drain = drain
         self.admissions = drain.admissions()  # the ledger's table, admitted into inline (see __call__)
         self.live_check = options.live_check
+        self.fail_liveness = options.fail_liveness
         self.max_in_flight = options.max_in_flight if options.max_in_flight is not None else NO_LIMIT
         # None for no limit: the admission check is then one identity test (a comparison with a
         # large "no limit" int is not one of the interpreter's fast paths).
@@ -258,7 +261,9 @@ class GracefulMiddleware:
 
     async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:
         ok = True
-        if self.live_check is not None:
+        if self.fail_liveness and self.drain.state is State.FAILED:
+            ok = False  # the engine has died: let the kubelet restart the container
+        elif self.live_check is not None:
             try:
                 ok = bool(self.live_check())
             except Exception:

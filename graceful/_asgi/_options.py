@@ -78,6 +78,7 @@ class MiddlewareConfig:
     max_in_flight: int | None = _option(None, Env(count, "a whole number ≥ 1, or `none`"))
     reject_over: int | None = _option(None, Env(count, "a whole number ≥ 1, or `none`"))
     live_check: Callable[[], bool] | None = _option(None, Env(named_object, "`module:function`, imported"))
+    fail_liveness: bool = _option(False, Env(flag, "`1`/`0`"))
     ready_on_startup: bool = _option(True, Env(flag, "`1`/`0`"))
     request_id_header: str | None = _option(None, Env(_header, "a header name (`x-request-id`), or `none`"))
     admin: bool = _option(True, Env(flag, "`1`/`0`"))

@@ -48,6 +48,7 @@ REFUSAL = {
     State.DRAINING: "server_draining",
     State.STOPPED: "server_stopped",
     State.SERVING: "server_overloaded",
+    State.FAILED: "server_failed",
 }
 
 _MESSAGES = {
@@ -55,6 +56,7 @@ _MESSAGES = {
     "server_starting": "This server is still starting and did not start the request; retry it elsewhere.",
     "server_stopped": "This server has stopped and did not start the request; retry it elsewhere.",
     "server_overloaded": "This server is at its in-flight limit and did not start the request; retry it elsewhere.",
+    "server_failed": "This server's engine has failed and the request was not started; retry it elsewhere.",
 }
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._drain._state import Drain
-from .._drain._status import DRAINING, STOPPED
+from .._drain._status import SERVING, State
 from ._frames import FinalFrame
 from ._lifecycle import Lifecycle
 from ._types import ASGIApp
@@ -51,11 +51,12 @@ class Shared:
     def drain_headers(self) -> tuple[tuple[bytes, bytes], ...]:
         """The headers a response gets once the drain has begun: its announcement, or () (off the hot path).
 
-        Every response the middleware sends or passes on from the drain's start carries it: the
-        admitted requests', the refusals and the probes'. The drain's result keeps the first.
+        Every response the middleware sends or passes on from the drain's start (or the engine's
+        failure) carries it: the admitted requests', the refusals and the probes'. The drain's result
+        keeps the first.
         """
         drain = self.drain
-        if not self.announce_drain or (drain.state is not DRAINING and drain.state is not STOPPED):
+        if not self.announce_drain or drain.state is SERVING or drain.state is State.STARTING:
             return ()
         drain.record_announcement()
         return ANNOUNCEMENT

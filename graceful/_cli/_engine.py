@@ -86,7 +86,7 @@ def _env_fallbacks(
 
 
 def run_engine_drain(*, quiet: bool, json_output: bool, **settings: Any) -> int:
-    """Exit 0 when idle or gone, 1 when the budget ran out, 2 on bad usage.
+    """Exit 0 when idle or gone, 1 when the budget ran out or the engine is dead, 2 on bad usage.
 
     ``settings`` are ``EngineConfig``'s, as the command line gives them: ``timeout`` and
     ``grace_period`` fall back to the hook's environment (``_env_fallbacks``).
@@ -109,7 +109,9 @@ def run_engine_drain(*, quiet: bool, json_output: bool, **settings: Any) -> int:
 
 def _print_result(config: EngineConfig, result: EngineDrainResult, quiet: bool, json_output: bool) -> int:
     counts = _counts(config, result.values)
-    if result.result == "gone":
+    if result.result == "dead":
+        _say(f"the engine is dead ({result.last_error}) with {counts}: its work in flight is lost, nothing to drain")
+    elif result.result == "gone":
         _say(
             f"connection refused on {REFUSED_READS} reads in a row at {config.metrics_url}: "
             "the engine is gone, nothing to drain"

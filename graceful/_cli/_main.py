@@ -123,7 +123,7 @@ def drain_command(ctx: click.Context, /, **options: Any) -> None:
 @click.option("--json", "json_output", is_flag=True, help="Print JSON on stdout.")
 @click.pass_context
 def status_command(ctx: click.Context, socket_dir: str | None, socket: str | None, json_output: bool) -> None:
-    """Print one row per worker: state, in flight, since."""
+    """Print one row per worker: state, in flight, since (and why a FAILED worker failed)."""
     answers = _ask(ctx, socket_dir, socket, "GET", "/status")
     if json_output:
         click.echo(json.dumps([{"socket": path, **body} for path, body in answers.items()]))
@@ -131,7 +131,9 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
     click.echo(f"{'PID':>8}  {'STATE':<9} {'IN FLIGHT':>9}  SINCE")
     for body in answers.values():
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(body["since"])))
-        click.echo(f"{body['pid']:>8}  {body['state']:<9} {body['in_flight']:>9}  {since}")
+        failure = body.get("failure")
+        cause = f"  {failure['reason']}: {failure['detail']}" if isinstance(failure, dict) else ""
+        click.echo(f"{body['pid']:>8}  {body['state']:<9} {body['in_flight']:>9}  {since}{cause}")
 
 
 @cli.command("advise")
@@ -186,10 +188,21 @@ def advise_command(ctx: click.Context, /, **options: Any) -> None:
 @socket_option
 @click.pass_context
 def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | None) -> None:
-    """Undrain every worker (DRAINING -> SERVING)."""
+    """Undrain every worker (DRAINING -> SERVING). A FAILED worker is never resumed: exit 1."""
     answers = _ask(ctx, socket_dir, socket, "POST", "/resume")
+    failed = 0
     for body in answers.values():
         click.echo(f"worker {body.get('pid', '?')}: {body['state']}" + (" (resumed)" if body["resumed"] else ""))
+        failure = body.get("failure")
+        if body["state"] == "FAILED" and isinstance(failure, dict):
+            failed += 1
+            click.echo(
+                f"graceful resume: worker {body.get('pid', '?')} has failed ({failure['reason']}: "
+                f"{failure['detail']}) and is not resumed; restart it",
+                err=True,
+            )
+    if failed:
+        ctx.exit(1)
 
 
 def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from ._advice import Outlook, outlook
 from ._ledger import Ledger, NotAccepting, track
 from ._options import DrainConfig
 from ._run import DrainRun
-from ._status import DRAINING, SERVING, STOPPED, DrainResult, DrainStatus, State, Tally
+from ._status import DRAINING, FAILED, SERVING, STOPPED, DrainResult, DrainStatus, Failure, State, Tally
 
 __all__ = ["Drain", "DrainResult", "DrainStatus", "NotAccepting", "State"]
 
@@ -30,7 +30,7 @@ Duration = float | str | None  # seconds, or a duration such as "10s"; None: the
 
 
 class Drain(Ledger):
-    """The STARTING -> SERVING -> DRAINING -> STOPPED machine and the work in flight.
+    """The STARTING -> SERVING -> DRAINING -> STOPPED machine (and FAILED) and the work in flight.
 
     One per process. ``begin_drain()`` flips to DRAINING in one synchronous step:
     readiness fails and ``accepting`` turns False, while admitted work goes on. New
@@ -38,6 +38,8 @@ class Drain(Ledger):
     have stopped sending), and refused after it; with ``admit_during_propagation=False``
     they are refused from the first instant. ``await drain()`` returns when the
     propagation wait has passed and nothing is in flight, or when the deadline passes.
+    ``mark_failed()`` enters FAILED when the engine behind the server has died: new work
+    is refused at once, and only a new lifecycle leads back to SERVING.
     The options are the fields of ``DrainConfig``. ``state`` and ``since`` are
     read-only: only the transition methods below change them.
     """
@@ -63,9 +65,10 @@ class Drain(Ledger):
         # Who handles SIGTERM for this process when it is not the middleware (``graceful run``
         # sets it); while None, the middleware drains on SIGTERM (``drain_on_sigterm``).
         self.signals_owner: str | None = None
-        # Whether STOPPED was entered from DRAINING: work refused in a drain stays refused until
+        # Whether STOPPED was entered from DRAINING or FAILED: work refused then stays refused until
         # a new lifecycle begins with a lifespan startup (see restart).
         self._stopped_draining = False
+        self._failure: Failure | None = None  # why the server is FAILED
 
     # -- reading ---------------------------------------------------------------------
 
@@ -82,6 +85,11 @@ class Drain(Ledger):
     @property
     def last_result(self) -> DrainResult | None:
         return None if self._run is None else self._run.result
+
+    @property
+    def failure(self) -> Failure | None:
+        """Why the server is FAILED: set by ``mark_failed``, kept until a new lifecycle begins."""
+        return self._failure
 
     def admit_arrival(self, peer: object = None) -> bool:
         """A new request arrived: record it, and say whether it may start (the slow path; SERVING
@@ -116,7 +124,7 @@ class Drain(Ledger):
 
     def status(self) -> DrainStatus:
         run = self._run
-        shown = run is not None and (self.state is DRAINING or run.result is not None)
+        shown = run is not None and (self.state is DRAINING or self.state is FAILED or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
         tally = self.tally
         return DrainStatus(
@@ -128,6 +136,7 @@ class Drain(Ledger):
             budget=self.config.in_force(),
             durations=tally.durations.as_dict(),
             propagation=tuple(tally.propagation_durations),
+            failure=self._failure,
             **times,
         )
 
@@ -152,7 +161,7 @@ class Drain(Ledger):
 
     @property
     def stopped_draining(self) -> bool:
-        """True while STOPPED after a drain (the lifecycle ended in one), False otherwise."""
+        """True while STOPPED after a drain or a failure (the lifecycle ended in one), False otherwise."""
         return self.state is STOPPED and self._stopped_draining
 
     def mark_serving(self, reason: str = "ready") -> None:
@@ -174,14 +183,19 @@ class Drain(Ledger):
 
         Idempotent: a call during a drain joins it and changes neither its clock nor
         its deadline. The first caller's ``propagation_wait``, ``propagation_quiet``
-        and ``timeout`` apply. Raises :class:`ConfigError` for bad values, leaving the
-        state untouched.
+        and ``timeout`` apply. While FAILED the state stays FAILED: the drain's run waits
+        for the work in flight as in DRAINING, and nothing new is admitted meanwhile.
+        Raises :class:`ConfigError` for bad values, leaving the state untouched.
         """
         # Parse first: bad input must leave the state untouched.
         wait, quiet, limit = self.config.overridden(propagation_wait, propagation_quiet, timeout)
-        if self.state is DRAINING or self.state is STOPPED:
+        if self.state is DRAINING or self.state is STOPPED or self._draining_failed():
             return False
         self._start(DrainRun(self, reason, wait=wait, quiet=quiet, limit=limit))
+        if self.state is FAILED:
+            logger.info("drain begins while FAILED (reason=%s, in_flight=%d)", reason, self.in_flight)
+            self.notify()
+            return True
         # A connection busy now may bring one more request once its response ends: pin it (a
         # launcher that sees its server's connections pins the idle ones too).
         for item in self.items():
@@ -197,8 +211,12 @@ class Drain(Ledger):
         """The (wait, quiet, limit) a drain with these overrides would use; raises ConfigError."""
         return self.config.overridden(propagation_wait, propagation_quiet, timeout)
 
+    def _draining_failed(self) -> bool:
+        """Whether a drain of this lifecycle runs (or has ended) while FAILED: a drain to join."""
+        return self.state is FAILED and self._run is not None and self._run.ended is None
+
     def resume(self) -> bool:
-        """DRAINING -> SERVING (maintenance undrain); returns False in any other state."""
+        """DRAINING -> SERVING (maintenance undrain); returns False in any other state, FAILED included."""
         if self.state is not DRAINING:
             return False
         self.pinned.clear()
@@ -211,7 +229,7 @@ class Drain(Ledger):
     def mark_stopped(self, reason: str = "shutdown") -> None:
         """Enter STOPPED (lifespan shutdown): the end of this lifecycle."""
         if self.state is not STOPPED:
-            self._stopped_draining = self.state is DRAINING
+            self._stopped_draining = self.state is DRAINING or self.state is FAILED
             if self._run is not None:
                 self._run.end("stopped")
             self._transition(STOPPED, reason)
@@ -228,7 +246,28 @@ class Drain(Ledger):
         self.pinned.clear()
         self.handing_off = False
         self._stopped_draining = False
+        self._failure = None
         self._transition(State.STARTING, reason)
+        return True
+
+    def mark_failed(self, reason: str, detail: str = "") -> bool:
+        """Enter FAILED: the engine behind this server has died (``reason``, e.g. ``engine_dead``, and what
+        was seen). Returns True if this call entered it.
+
+        From STARTING, SERVING or DRAINING. Readiness fails and every new request is refused as
+        not started, at once: no propagation wait, since the app could not serve it. Work in flight
+        goes on and is counted to its end; a drain under way keeps its clock and deadline. Nothing
+        leads back to SERVING: ``resume()`` returns False, and only a new lifecycle (a lifespan
+        startup after STOPPED) clears the failure.
+        """
+        if self.state is FAILED or self.state is STOPPED:
+            return False
+        self._failure = Failure(reason, detail, time.time())
+        self.pinned.clear()
+        self.tally.add(self.tally.failures, reason)
+        self._transition(FAILED, reason)
+        if detail:
+            logger.warning("failed (%s): %s", reason, detail)
         return True
 
     def add_listener(self, callback: Callable[[], None]) -> None:
@@ -259,7 +298,7 @@ class Drain(Ledger):
         # Quiet outside a drain (docs/middleware.md, "Logging"): only entering or leaving DRAINING
         # is news to the app's operators; starting up and a plain shutdown are DEBUG.
         logger.log(
-            logging.INFO if DRAINING in (old, new) else logging.DEBUG,
+            logging.WARNING if new is FAILED else logging.INFO if DRAINING in (old, new) else logging.DEBUG,
             "state %s -> %s at %s (reason=%s, in_flight=%d, elapsed=%.3fs)",
             *(old.value, new.value, when, reason, self.in_flight, elapsed),
         )
@@ -299,7 +338,7 @@ class Drain(Ledger):
         run = self._run
         if run is None:  # stopped before any drain began
             return DrainResult("stopped", self.in_flight, 0.0, "", 0.0, 0.0)
-        if self.state is not DRAINING:
+        if self.state is not DRAINING and not self._draining_failed():
             return run.result or run.snapshot("stopped" if self.state is STOPPED else "resumed", self.in_flight)
         result = run.result
         if result is not None:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from ._observed import Durations
 
-__all__ = ["OUTCOMES", "DrainOutcome", "DrainResult", "DrainStatus", "State", "Tally"]
+__all__ = ["OUTCOMES", "DrainOutcome", "DrainResult", "DrainStatus", "Failure", "State", "Tally"]
 
 DrainOutcome = Literal["drained", "timeout", "resumed", "stopped"]
 # Request outcomes: Tally.outcomes is indexed by the constants of the same order in _ledger.
@@ -21,10 +21,13 @@ class State(str, enum.Enum):  # noqa: UP042 (a StrEnum would change str(State.SE
     SERVING = "SERVING"
     DRAINING = "DRAINING"
     STOPPED = "STOPPED"
+    # The engine behind the server has died (docs/middleware.md, "When the engine dies"): nothing is
+    # admitted, and nothing leads back to SERVING but a new lifecycle.
+    FAILED = "FAILED"
 
 
 # Module-level names for the hot path: reading a global is cheaper than an attribute of the enum class.
-SERVING, DRAINING, STOPPED = State.SERVING, State.DRAINING, State.STOPPED
+SERVING, DRAINING, STOPPED, FAILED = State.SERVING, State.DRAINING, State.STOPPED, State.FAILED
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,19 @@ class DrainResult:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """Why the server entered FAILED: a short ``reason`` (a metric label, e.g. ``engine_dead``), what was
+    seen (``detail``) and when (wall-clock ``at``)."""
+
+    reason: str
+    detail: str
+    at: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {"reason": self.reason, "detail": self.detail, "at": self.at}
+
+
+@dataclass(frozen=True)
 class DrainStatus:
     """A read-only snapshot for ``/status`` and ``graceful status``."""
 
@@ -93,10 +109,13 @@ class DrainStatus:
     budget: dict[str, object] = field(default_factory=dict)
     durations: dict[str, object] = field(default_factory=dict)
     propagation: tuple[float, ...] = ()
+    # Why the server is FAILED (None while it is not).
+    failure: Failure | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
             "state": self.state.value,
+            "failure": None if self.failure is None else self.failure.as_dict(),
             "in_flight": self.in_flight,
             "pid": self.pid,
             "since": self.since,
@@ -122,6 +141,7 @@ class Tally:
         "drain_durations",
         "propagation_durations",
         "durations",
+        "failures",
     )
 
     def __init__(self) -> None:
@@ -129,6 +149,7 @@ class Tally:
         self.rejected: dict[str, int] = {}  # refusals by reason
         self.drains: dict[str, int] = {}  # drains by result (drained or timeout)
         self.truncated: dict[str, int] = {}  # work ended by the deadline, by reason
+        self.failures: dict[str, int] = {}  # entries into FAILED, by reason
         self.drain_durations: list[float] = []
         # Per drain: seconds from drain start to the last new request of the propagation phase.
         self.propagation_durations: list[float] = []
@@ -149,4 +170,5 @@ class Tally:
             "rejected": dict(self.rejected),
             "drains": dict(self.drains),
             "truncated": dict(self.truncated),
+            "failures": dict(self.failures),
         }

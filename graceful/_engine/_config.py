@@ -29,7 +29,7 @@ __all__ = [
     "engine_limit",
 ]
 
-EngineOutcome = Literal["idle", "timeout", "gone"]
+EngineOutcome = Literal["idle", "timeout", "gone", "dead"]
 
 MAX_KV_BUFFER = 30.0
 # The 70% rule of the hook proposed for kthena's ModelServing (its lossless-upgrade pull request): leave 30% of
@@ -57,7 +57,8 @@ class EngineDrainResult:
 
     ``result`` is ``idle`` when every metric read zero on enough consecutive reads,
     ``gone`` when the engine refused connections on 3 reads in a row (nothing left to
-    protect), and ``timeout`` when the budget ran out first.
+    protect), ``dead`` when its health check failed on 3 reads in a row while its metrics read
+    busy (the work in flight is lost), and ``timeout`` when the budget ran out first.
     """
 
     result: EngineOutcome
@@ -75,7 +76,7 @@ class EngineDrainResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.result == "timeout" else 0
+        return 1 if self.result in ("timeout", "dead") else 0
 
     def as_dict(self) -> dict[str, object]:
         return {

@@ -26,6 +26,9 @@ class EnginePreset:
     when no preset metric is on the page and nothing else is either, every metric reads 0.
     ``absent_hint`` is said when a required metric is absent. ``histogram`` is the engine's
     request-duration histogram, which ``graceful advise`` reads ("" when it publishes none).
+    ``health`` is the path of the engine's health check on the same host and port as its page
+    ("" when there is none there): a dead engine's gauges freeze, so while they read busy the
+    health check says whether the engine is alive to finish that work.
     """
 
     name: str
@@ -38,6 +41,7 @@ class EnginePreset:
     fresh_page: tuple[str, ...] | None = None
     absent_hint: str = ""
     histogram: str = ""
+    health: str = ""
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -72,6 +76,9 @@ PRESETS: Mapping[str, EnginePreset] = {
             absent_hint="is the engine started with --disable-log-stats?",
             # Arrival to finish (vllm/v1/metrics/loggers.py), in REQUEST_LATENCY_BUCKETS.
             histogram="vllm:e2e_request_latency_seconds",
+            # 503 once the engine core has died (EngineDeadError,
+            # vllm/entrypoints/serve/instrumentator/health.py); /metrics keeps its last values.
+            health="/health",
         ),
         EnginePreset(
             "sglang",
@@ -90,6 +97,9 @@ PRESETS: Mapping[str, EnginePreset] = {
             min_idle_span=5.0,
             absent_hint="is the engine started with --enable-metrics?",
             histogram="sglang:e2e_request_latency_seconds",  # sglang/srt/metrics/collector.py
+            # 503 when the scheduler has not answered a health generation in time
+            # (sglang/srt/entrypoints/http_server.py, health_generate).
+            health="/health",
         ),
         # TGI serves /metrics on its main port: 80 in the official container (PORT=80), 3000 outside it.
         EnginePreset(
@@ -101,6 +111,8 @@ PRESETS: Mapping[str, EnginePreset] = {
             # usually missing; tgi_request_count appears with the first request.
             fresh_page=("tgi_batch_max_total_tokens",),
             histogram="tgi_request_duration",  # router/src/server.rs, seconds
+            # 503 {"error":"unhealthy"} when a shard fails its health check (router/src/server.rs, health).
+            health="/health",
         ),
         # Triton's pending count covers queued requests only; executing ones show in the backend's gauges.
         EnginePreset(

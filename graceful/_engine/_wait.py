@@ -32,11 +32,13 @@ from ._config import EngineConfig, EngineDrainResult, EngineOutcome, EngineProgr
 from ._page import PageError, has_only, read_metrics
 from ._presets import EnginePreset
 
-__all__ = ["MAX_PAGE_BYTES", "REFUSED_READS", "PageRead", "poll", "read_page", "wait_idle"]
+__all__ = ["DEAD_READS", "MAX_PAGE_BYTES", "REFUSED_READS", "PageRead", "health_url", "poll", "read_page", "wait_idle"]
 
 logger = logging.getLogger("graceful.engine")
 
 REFUSED_READS = 3
+# A health check that fails this many reads in a row while the metrics read busy: the engine is dead.
+DEAD_READS = 2
 # A metrics page larger than this is not a metrics page; stop reading and count the poll as unreadable.
 MAX_PAGE_BYTES = 64 * 1024 * 1024
 
@@ -114,6 +116,28 @@ async def read_page(client: httpx.AsyncClient, url: str, limit: float) -> PageRe
             reason = f"not {charset} text ({exc.reason} at byte {exc.start})"
             return PageRead(error=f"unreadable page: {reason}", unreadable=True)
     return PageRead(error=f"no answer within {limit:.2g}s")
+
+
+def health_url(metrics_url: str, rules: EnginePreset | None) -> str | None:
+    """The engine's health check beside its page (the preset's path on the same host and port), or None."""
+    if rules is None or not rules.health:
+        return None
+    return str(httpx.URL(metrics_url).copy_with(path=rules.health, query=None, fragment=None))
+
+
+async def _sick(client: httpx.AsyncClient, url: str, limit: float) -> str | None:
+    """What the health check answered when it says the engine has failed (a 5xx), else None.
+
+    No answer (refused, timed out) proves nothing here: the refusal rule covers an engine that is gone.
+    """
+    with anyio.move_on_after(max(limit, 0.01)):
+        try:
+            response = await client.get(url)
+        except httpx.HTTPError:
+            return None
+        if 500 <= response.status_code <= 599:
+            return f"HTTP {response.status_code}"
+    return None
 
 
 async def _read_once(
@@ -203,10 +227,12 @@ async def poll(
     activity = rules.activity if rules is not None else ()
     values: dict[str, float | None] = dict.fromkeys(plan.metrics)
     warned: set[str] = set()
-    reads = streak = refused = 0
+    reads = streak = refused = sick_reads = 0
     streak_start = 0.0
     error: str | None = None
     moved: dict[str, float | None] | None = None
+    health = health_url(url, rules)
+    sick: str | None = None  # what the health check last said of a failed engine
 
     def finish(outcome: EngineOutcome, held: float = 0.0) -> EngineDrainResult:
         duration = anyio.current_time() - start
@@ -261,7 +287,18 @@ async def poll(
             streak = streak + 1 if zero else 0
             if on_progress is not None:
                 on_progress(EngineProgress(reads, values, error, streak, read_at - start, plan.limit))
+            if health is not None and not zero and not read.refused:
+                # A dead engine's gauges freeze busy: is it alive to finish that work?
+                said = await _sick(client, health, min(0.9 * plan.interval, deadline - anyio.current_time()))
+                sick_reads = sick_reads + 1 if said else 0
+                sick = said or sick
+                if sick_reads >= DEAD_READS:
+                    error = f"{health} answered {said}"
+                    return finish("dead")
             if refused >= REFUSED_READS:
+                if sick is not None:  # it failed its health check, then went away: its work is lost
+                    error = f"{health} answered {sick}, then connections were refused"
+                    return finish("dead")
                 return finish("gone")
             span = rules.min_idle_span if rules is not None else 0.0
             if streak >= plan.idle_reads and read_at - streak_start >= span:

@@ -15,11 +15,12 @@ from typing import Any, Literal
 
 import httpx
 
+from .._stream._rules import RESUMABLE_HEADER, server_failed
+
 __all__ = ["RESUMABLE_HEADER", "RETRY_ATTEMPTS", "Kind", "Splice", "plan"]
 
 logger = logging.getLogger("graceful")
 
-RESUMABLE_HEADER = "x-graceful-resumable"
 Kind = Literal["chat", "completion"]
 
 # A continuation the balancer sends to a replica that refuses it (still draining, or
@@ -112,6 +113,9 @@ class Splice:
         # An engine's 5xx error event (its core died mid-stream) is held too: graceful's final
         # event after it makes the stream resumable; without one it reaches the caller as sent.
         self.failed = False
+        # The cut a continuation was sent for (the held events and the final event), shown to the
+        # caller if no continuation answers: the stream then ends as the server ended it.
+        self.unanswered = b""
 
     # -- reading an attempt ------------------------------------------------------------
 
@@ -153,7 +157,7 @@ class Splice:
             if isinstance(error, dict) and error.get("type") == "server_shutdown":
                 self.shutdown = raw  # handed back only if the stream does not resume
                 return b""
-            if _server_failed(error) and not self.failed:
+            if server_failed(error) and not self.failed:
                 self.failed = True
                 self.held.append(raw)
                 return b""
@@ -342,6 +346,7 @@ class Splice:
         self.events_at_resume = self.events
         self.resumes += 1
         self.carried_tokens = self.tokens
+        self.unanswered = b"".join(self.held) + (self.shutdown or b"")
         self.buffer = b""
         self.shutdown = None
         self.held = []  # the aborted attempt's last chunks: the continuation brings the rest
@@ -363,18 +368,16 @@ class Splice:
         """How long to wait before this continuation: none after progress, backing off after none."""
         return 0.0 if not self.idle else min(0.05 * 2**self.idle, 0.5)
 
+    def resumed(self) -> None:
+        """A continuation has answered: the cut it continues is never shown."""
+        self.unanswered = b""
+
     def surfaced(self) -> bytes:
-        """What to hand the caller when the stream ends without resuming: the held final event, if any."""
+        """What to hand the caller when the stream ends without resuming: the held events and the final
+        event, or, where no continuation answered, those of the cut it was sent for."""
         final, self.shutdown = self.shutdown, None
-        return self._release() + (final or b"")
-
-
-def _server_failed(error: object) -> bool:
-    """Whether an error event says the server failed (a 5xx ``code``), not the request."""
-    if not isinstance(error, dict):
-        return False
-    code = error.get("code")
-    return type(code) is int and 500 <= code <= 599
+        unanswered, self.unanswered = self.unanswered, b""
+        return unanswered + self._release() + (final or b"")
 
 
 def _event_end(buffer: bytes) -> tuple[int, int] | None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
+from .._stream._rules import engine_dead_body, media_type
 from ._splice import RESUMABLE_HEADER, RETRY_ATTEMPTS, Kind, Splice, plan
 
 __all__ = ["RESUMABLE_HEADER", "AsyncResumingTransport", "ResumingTransport"]
@@ -31,13 +32,20 @@ logger = logging.getLogger("graceful")
 # Continuations refused by the balancer are sent again within this many seconds at most.
 RETRY_WINDOW = 5.0
 _RETRY_STATUS = frozenset({502, 503, 504})
-# Failures before a continuation's response: refused, reset or closed by the balancer (a dead endpoint).
+# Failures before a continuation's response: refused, reset or closed by the balancer or the server
+# (a dead endpoint; a server that closes the connection without answering: httpx's RemoteProtocolError).
 _RETRY_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
 
 
 def _is_sse(response: httpx.Response) -> bool:
-    media: str = response.headers.get("content-type", "")
-    return media.split(";", 1)[0].strip().lower() == "text/event-stream"
+    return media_type(response.headers.get("content-type", "")) == "text/event-stream"
+
+
+def _refused(response: httpx.Response) -> bool:
+    """Whether a continuation's answer (its body read) sends it elsewhere: a balancer's or graceful's
+    refusal, or a 5xx whose body says the engine behind that replica has died (docs/resume.md)."""
+    status = response.status_code
+    return status in _RETRY_STATUS or (500 <= status <= 599 and engine_dead_body(response.content))
 
 
 def _candidate(request: httpx.Request) -> bool:
@@ -212,6 +220,7 @@ class _Continuation:
                 response = await self._resume(reason)
                 if response is not None:
                     self.response = response
+                    splice.resumed()
                     self.extensions["graceful_resumes"] = splice.resumes
                     continue
             held = splice.surfaced()
@@ -237,7 +246,7 @@ class _Continuation:
                     return response
                 await io.discard(response)
                 failure = f"HTTP {response.status_code}"
-                if response.status_code not in _RETRY_STATUS:
+                if not _refused(response):
                     break
             pause = min(0.05 * 2**attempt, 0.5)
             if time.monotonic() + pause > deadline:

@@ -75,6 +75,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "GRACEFUL_MAX_IN_FLIGHT": "64",
         "GRACEFUL_REJECT_OVER": "128",
         "GRACEFUL_LIVE_CHECK": "tests.drain.test_environ:hook",
+        "GRACEFUL_FAIL_LIVENESS": "yes",
         "GRACEFUL_READY_ON_STARTUP": "false",
         "GRACEFUL_REQUEST_ID_HEADER": "X-Request-Id",
         "GRACEFUL_ADMIN": "0",
@@ -101,7 +102,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "/health/live",
         "/health/startup",
     ]
-    assert (mw.max_in_flight, mw.reject_over, mw.live_check) == (64, 128, hook)
+    assert (mw.max_in_flight, mw.reject_over, mw.live_check, mw.fail_liveness) == (64, 128, hook, True)
     settings = mw.shared
     assert (settings.retry_after, settings.request_id_header, settings.ready_on_startup) == (
         b"3",

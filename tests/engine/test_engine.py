@@ -327,17 +327,28 @@ class Reply:
 
 
 class ScriptedEngine:
-    """An engine's /metrics endpoint: read N gets ``script[N]``, and the last entry repeats."""
+    """An engine's /metrics endpoint: read N gets ``script[N]``, and the last entry repeats.
 
-    def __init__(self, *script: Reply | str) -> None:
+    Its /health answers 200, or health read N the status ``health[N]`` (the last repeats).
+    """
+
+    def __init__(self, *script: Reply | str, health: tuple[int, ...] = (200,)) -> None:
         self.script = [Reply(item) if isinstance(item, str) else item for item in script]
         self.read_times: list[float] = []
+        self.health = health
+        self.health_reads = 0
 
     @property
     def reads(self) -> int:
         return len(self.read_times)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/health":
+            status = self.health[min(self.health_reads, len(self.health) - 1)]
+            self.health_reads += 1
+            await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
         assert scope["type"] == "http" and scope["path"] == "/metrics"
         reply = self.script[min(self.reads, len(self.script) - 1)]
         self.read_times.append(anyio.current_time())
@@ -1089,3 +1100,52 @@ async def test_vllm_disable_log_stats_is_named_on_the_first_read(
     assert "warning:" in lines[1], err  # right after the start line: the first read
     assert "absent from the page: is the engine started with --disable-log-stats?" in lines[1]
     assert err.count("warning:") == 1 and "running=? waiting=?" in err
+
+
+async def test_a_dead_engine_is_dead_not_idle(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM with a dead engine core: /metrics keeps its last values (busy) and /health answers 503
+    (vllm/entrypoints/serve/instrumentator/health.py). Two failed health reads in a row: dead, exit 1,
+    long before the budget."""
+    engine = ScriptedEngine(BUSY, health=(200, 503))
+    code = await drain_cli(metrics_url=await serve(engine), timeout=30.0)
+    result, err = json_result(capsys)
+    assert code == 1 and result["result"] == "dead" and result["exit_code"] == 1
+    assert result["duration"] < 5 and engine.health_reads == 3
+    assert "the engine is dead (http://127.0.0.1:" in err and "/health answered HTTP 503)" in err
+    assert "its work in flight is lost" in err
+
+
+async def test_one_failed_health_read_or_an_idle_page_is_not_death(serve: Any) -> None:
+    """One 503 between healthy reads is a blip; an idle page is idle whatever its health check says."""
+    blip = ScriptedEngine(BUSY, BUSY, BUSY, IDLE, health=(200, 503, 200))
+    result = await wait_idle("vllm", metrics_url=await serve(blip), interval=EXACT, timeout=10)
+    assert result.result == "idle"
+    idle = ScriptedEngine(IDLE, health=(503,))
+    result = await wait_idle("vllm", metrics_url=await serve(idle), interval=EXACT, timeout=10)
+    assert result.result == "idle" and idle.health_reads == 0
+
+
+async def test_a_failed_health_check_then_refusals_is_dead_not_gone(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM shuts itself down within seconds of its engine's death: the health check failed, then the
+    port refuses. The work in flight is lost: dead (exit 1), not gone (exit 0)."""
+    engine = ScriptedEngine(BUSY, health=(503, 200))
+    context = run_uvicorn(engine, lifespan="off")
+    server = await context.__aenter__()
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    stopped = False
+
+    def progress(update: EngineProgress) -> None:
+        nonlocal stopped
+        if engine.health_reads and not stopped:
+            stopped = True
+            server.should_exit = True  # the engine goes away after one failed health read
+
+    config = EngineConfig("vllm", metrics_url=url, interval=EXACT, timeout=10)
+    from graceful._engine._wait import poll
+
+    try:
+        result = await poll(config, progress, lambda text: None)
+    finally:
+        await context.__aexit__(None, None, None)
+    assert result.result == "dead" and result.exit_code == 1
+    assert "connections were refused" in (result.last_error or "")

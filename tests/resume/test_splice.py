@@ -104,6 +104,7 @@ def test_an_engine_abort_then_the_final_event_resumes() -> None:
     assert held == b""
     assert splice.verdict() is None
     splice.begin_resume("shutdown event", "http://x/v1/chat/completions")  # type: ignore[arg-type]
+    splice.resumed()  # the continuation answered
     assert splice.surfaced() == b""
 
 
@@ -141,6 +142,7 @@ def test_an_engine_error_then_the_final_event_resumes() -> None:
     assert splice.feed(SHUTDOWN) == b""
     assert splice.verdict() is None
     splice.begin_resume("shutdown event", "http://x/v1/chat/completions")  # type: ignore[arg-type]
+    splice.resumed()  # the continuation answered
     assert splice.surfaced() == b""
 
 
@@ -168,3 +170,14 @@ def test_a_client_error_event_is_not_held() -> None:
     assert splice.feed(bad) == bad
     splice.feed(SHUTDOWN)
     assert splice.verdict() == "an error event"
+
+
+def test_a_continuation_that_never_answers_shows_the_cut_as_it_came() -> None:
+    """The engine died mid-stream and graceful's final event followed; no continuation answers (every
+    replica refused it, or another 500): the caller gets the engine's error and the final event, so a
+    cut answer never ends quietly like a whole one."""
+    splice, _ = opened_chat()
+    splice.feed(ENGINE_DEAD + SHUTDOWN)
+    splice.begin_resume("shutdown event", "http://x/v1/chat/completions")  # type: ignore[arg-type]
+    assert splice.surfaced() == ENGINE_DEAD + SHUTDOWN
+    assert splice.surfaced() == b""  # once

@@ -1,0 +1,82 @@
+"""What an OpenAI-style stream or error says, read the same way by the middleware and the resuming transport.
+
+The server side (``_asgi``) and the client side (``_resume``) must agree on these: a copy on each
+side would drift. No I/O, and nothing here runs per request or per frame: only when a stream or a
+response has already ended with an error.
+"""
+
+from __future__ import annotations
+
+import json
+
+__all__ = [
+    "RESUMABLE_HEADER",
+    "engine_dead",
+    "engine_dead_body",
+    "engine_dead_exception",
+    "media_type",
+    "server_failed",
+]
+
+# A client that can continue a cut stream elsewhere says so on its request (docs/resume.md).
+RESUMABLE_HEADER = "x-graceful-resumable"
+
+# What an engine's HTTP server says once its engine has died, as opposed to a request that failed
+# (docs/resume.md, "An engine that died"). Each is the fixed message of the engine's own error:
+# - vLLM: EngineDeadError (vllm/v1/engine/exceptions.py), whose message is fixed; vLLM's error
+#   response keeps it (vllm/entrypoints/serve/exception_handling/error_response.py, type
+#   "InternalServerError", code 500), mid-stream as an error event and for a new request as the
+#   500's JSON body (handlers/vllm_error.py, engine_error_handler).
+_DEAD_MESSAGES = ("EngineCore encountered an issue.",)
+# The engine's own exception, where it escapes the app with no answer on the wire: vLLM's Responses
+# stream generator (vllm/entrypoints/openai/responses/serving.py) lets EngineDeadError out of a
+# response already started, and Starlette raises RuntimeError from it (starlette/_exception_handler.py).
+_DEAD_EXCEPTIONS = frozenset({"EngineDeadError"})
+
+
+def media_type(content_type: bytes | str) -> str:
+    """The media type of a Content-Type value, lower-case, without its parameters."""
+    text = content_type.decode("latin-1") if isinstance(content_type, bytes) else content_type
+    return text.split(";", 1)[0].strip().lower()
+
+
+def server_failed(error: object) -> bool:
+    """Whether an error object (the value of ``{"error": ...}``) says the server failed: a 5xx ``code``.
+
+    graceful's own final event (type ``server_shutdown``, code 503) is not one: a second graceful in
+    the path passes it on.
+    """
+    if not isinstance(error, dict) or error.get("type") == "server_shutdown":
+        return False
+    code = error.get("code")
+    return type(code) is int and 500 <= code <= 599
+
+
+def engine_dead(error: object) -> bool:
+    """Whether an error object says the engine behind the server has died: no request there can succeed."""
+    if not server_failed(error):
+        return False
+    assert isinstance(error, dict)
+    message = error.get("message")
+    return isinstance(message, str) and message.startswith(_DEAD_MESSAGES)
+
+
+def engine_dead_body(body: bytes) -> bool:
+    """Whether a response body (a 5xx answer's JSON) says the engine has died."""
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(payload, dict) and engine_dead(payload.get("error"))
+
+
+def engine_dead_exception(exc: BaseException) -> str | None:
+    """The engine's death in an exception that escaped the app (itself, its cause or its context), or None."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain is short; a loop of causes must not hang the request's end
+        if seen is None:
+            return None
+        if type(seen).__name__ in _DEAD_EXCEPTIONS:
+            return f"{type(seen).__name__}: {seen}"
+        seen = seen.__cause__ or seen.__context__
+    return None
