@@ -1,0 +1,236 @@
+"""A real LiteLLM proxy (``.litellm/venv``, scripts/setup-litellm) in front of graceful's replicas, and
+callers that run none of graceful's code: ``curl -N`` and the openai SDK for Node.
+
+The proxy runs as ``uvicorn litellm.proxy.proxy_server:app`` (or under ``graceful run`` for the
+gateway's own drain) with its config written by the test, on a port it binds itself (port 0, read
+back from its start-up line), with LiteLLM's shipped cost map (no network).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.servers import Launched
+from tests.utils import ROOT
+
+PYTHON = Path(ROOT) / ".litellm" / "venv" / "bin" / "python"
+NODE_CLIENT = Path(ROOT) / "tests" / "node" / "stream.mjs"
+NODE_SDK = Path(ROOT) / "tests" / "node" / "node_modules" / "openai"
+MASTER_KEY = "sk-graceful-test"
+PROMPT = "Count for me please"
+
+needs_litellm = pytest.mark.skipif(
+    not PYTHON.exists(), reason="no LiteLLM at .litellm/venv: bash scripts/setup-litellm makes one"
+)
+
+
+def deployment(name: str, model: str, api_base: str, *, resume: bool, **params: Any) -> dict[str, Any]:
+    """One entry of the proxy's model_list; ``resume`` opts it in (``model_info: {graceful_resume: true}``)."""
+    entry: dict[str, Any] = {"model_name": name, "litellm_params": {"model": model, "api_base": api_base, **params}}
+    if "api_key" not in entry["litellm_params"]:
+        entry["litellm_params"]["api_key"] = "unused"
+    if resume:
+        entry["model_info"] = {"graceful_resume": True}
+    return entry
+
+
+def write_config(path: Path, deployments: list[dict[str, Any]], *, usage_log: bool = True) -> Path:
+    callbacks = ["graceful.integrations.litellm.handler"]
+    if usage_log:
+        callbacks.append("tests.litellm.usage_log.recorder")
+    config = {
+        "model_list": deployments,
+        "litellm_settings": {"callbacks": callbacks},
+        "general_settings": {"master_key": MASTER_KEY},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class LiteLLMProxy(Launched):
+    """``uvicorn litellm.proxy.proxy_server:app`` (or ``graceful run`` it) in .litellm/venv, on 127.0.0.1."""
+
+    def __init__(
+        self, config: Path, log: Path, *, graceful_run: tuple[str, ...] | None = None, socket_dir: str = "", **env: str
+    ) -> None:
+        self.name = "litellm"
+        self.socket_dir = socket_dir
+        self.log_path = log
+        self.port = 0
+        self.usage_path = log.with_suffix(".usage.jsonl")
+        environment = {
+            **os.environ,
+            "CONFIG_FILE_PATH": str(config),
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_OFFLINE_MODE": "true",
+            "GRACEFUL_TEST_USAGE_LOG": str(self.usage_path),
+            "GRACEFUL_SOCKET_DIR": socket_dir,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": ROOT,
+            **env,
+        }
+        environment.pop("VIRTUAL_ENV", None)
+        app = "litellm.proxy.proxy_server:app"
+        if graceful_run is None:
+            command = [str(PYTHON), "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", "0"]
+        else:
+            command = [str(PYTHON), "-m", "graceful", "run", app, "--port", "0", *graceful_run]
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait_serving(self, limit: float = 90) -> LiteLLMProxy:
+        """Until the port is bound and LiteLLM's own liveness answers (its config and router are loaded)."""
+        deadline = time.monotonic() + limit
+        self.wait_port(limit)
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log[-6000:]
+            try:
+                if httpx.get(self.url("/health/liveliness"), timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"LiteLLM not serving after {limit}s:\n{self.log[-6000:]}")
+
+    def usage(self) -> list[dict[str, Any]]:
+        if not self.usage_path.exists():
+            return []
+        return [json.loads(line) for line in self.usage_path.read_text().splitlines() if line]
+
+
+@dataclass
+class Answer:
+    """What one caller read: its text, finish reasons, [DONE]s, usage, ids and any error."""
+
+    text: str = ""
+    finishes: list[str] = field(default_factory=list)
+    done: int = 0
+    usage: dict[str, Any] | None = None
+    ids: set[str] = field(default_factory=set)
+    error: str | None = None
+    chunks: int = 0
+
+    def assert_whole(self, expected: str, tokens: int, *, done: bool = True) -> None:
+        assert self.error is None, self.error
+        assert self.text == expected, (self.text[:80], expected[:80])
+        assert self.finishes == ["length"], self.finishes
+        assert len(self.ids) == 1, self.ids
+        if done:
+            assert self.done == 1
+        assert self.usage is not None and self.usage["completion_tokens"] == tokens, self.usage
+
+
+def request_body(model: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def node_available() -> bool:
+    return shutil.which("node") is not None and NODE_SDK.exists()
+
+
+class Caller:
+    """One client process streaming one chat completion through the proxy, its output read in a thread.
+
+    ``kind`` is ``curl`` (``curl -N``: the raw event stream, as any client in any language reads it)
+    or ``node`` (the openai SDK for Node, tests/node/stream.mjs). ``reading`` is set once 5 lines have come.
+    """
+
+    def __init__(self, kind: str, base: str, model: str, max_tokens: int) -> None:
+        self.kind = kind
+        if kind == "curl":
+            command = [
+                "curl", "-sS", "-N", "--max-time", "120", base + "/v1/chat/completions",
+                "-H", "content-type: application/json", "-H", f"authorization: Bearer {MASTER_KEY}",
+                "-d", json.dumps(request_body(model, max_tokens)),
+            ]  # fmt: skip
+        else:
+            command = ["node", str(NODE_CLIENT), base + "/v1", model, str(max_tokens), MASTER_KEY]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=NODE_CLIENT.parent, text=True
+        )
+        self.lines: list[str] = []
+        self.reading = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.strip():
+                self.lines.append(line.rstrip("\n"))
+            if len(self.lines) >= 5:
+                self.reading.set()
+        self.reading.set()
+
+    def answer(self, limit: float = 150) -> Answer:
+        """Wait for the client to end (bounded), then what it read."""
+        self.thread.join(limit)
+        assert not self.thread.is_alive(), f"{self.kind} still reading after {limit}s"
+        code = self.process.wait(10)
+        assert self.process.stdout is not None and self.process.stderr is not None
+        err = self.process.stderr.read()
+        self.process.stdout.close()
+        self.process.stderr.close()
+        answer = parse_curl(self.lines) if self.kind == "curl" else parse_node(self.lines)
+        if code:
+            answer.error = f"{self.kind} exited {code}: {err}"
+        return answer
+
+
+def parse_curl(lines: list[str]) -> Answer:
+    answer = Answer()
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            answer.done += 1
+            continue
+        event = json.loads(data)
+        if "error" in event:
+            answer.error = json.dumps(event["error"])
+            continue
+        answer.chunks += 1
+        answer.ids.add(event["id"])
+        for choice in event.get("choices") or []:
+            answer.text += (choice.get("delta") or {}).get("content") or ""
+            if choice.get("finish_reason"):
+                answer.finishes.append(choice["finish_reason"])
+        if event.get("usage"):
+            answer.usage = event["usage"]
+    return answer
+
+
+def parse_node(lines: list[str]) -> Answer:
+    answer = Answer(done=-1)  # the SDK consumes [DONE] itself
+    for line in lines:
+        record = json.loads(line)
+        if "chunk" in record:
+            answer.chunks += 1
+        elif "end" in record:
+            end = record["end"]
+            answer.text, answer.finishes, answer.usage = end["text"], end["finishes"], end["usage"]
+            answer.ids = set(end["ids"])
+        elif "error" in record:
+            answer.error, answer.text = record["error"], record["text"]
+    return answer
