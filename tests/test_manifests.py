@@ -22,6 +22,7 @@ pytestmark = pytest.mark.anyio
 
 MANIFESTS = sorted((Path(__file__).parent.parent / "examples" / "kubernetes").glob("*.yaml"))
 EXAMPLE_APP = "examples.server:app"
+GATEWAY_APP = "litellm.proxy.proxy_server:app"
 MIDDLEWARE = "graceful.GracefulMiddleware"
 PROBES = {"startupProbe": "startup_path", "readinessProbe": "ready_path", "livenessProbe": "live_path"}
 
@@ -97,6 +98,7 @@ def test_every_manifest_parses_and_is_found() -> None:
         "vllm-middleware.yaml",
         "kthena-modelserving.yaml",
         "kthena-modelserving-pd.yaml",
+        "litellm-gateway.yaml",
     }
     kinds = {doc["kind"] for path in MANIFESTS for doc in load(path)}
     assert kinds == {"Deployment", "Service", "PodDisruptionBudget", "ModelServing", "ConfigMap"}
@@ -104,8 +106,9 @@ def test_every_manifest_parses_and_is_found() -> None:
         for doc in load(path):
             if doc["kind"] == "ModelServing":
                 assert doc["apiVersion"] == "workload.serving.volcano.sh/v1alpha1"
-    # example server, vLLM (engine mode), vLLM (middleware), kthena aggregated, kthena prefill and decode
-    assert len(ALL) == 6
+    # example server, vLLM (engine mode), vLLM (middleware), kthena aggregated, kthena prefill and decode,
+    # the LiteLLM gateway
+    assert len(ALL) == 7
 
 
 @pytest.mark.parametrize(("name", "spec", "container"), ALL, ids=[f"{n}:{c['name']}" for n, _, c in ALL])
@@ -129,6 +132,16 @@ def test_grace_period_covers_propagation_drain_and_reserve(
         assert parse_duration(params["grace_period"]) == grace
         assert wait + params["timeout"] + kv_buffer <= 0.7 * grace
         assert kv_buffer <= 30
+    elif GATEWAY_APP in argv(container):
+        # The gateway relays the example replicas' streams (600 tokens at 20 per second, plus a continuation's
+        # pause and prefill): its drain waits for the longest, in the mode it serves.
+        settings = env(container)
+        assert params["timeout"] + budget.reserve <= grace, f"{name}: {params['timeout']} + {budget.reserve} > {grace}"
+        assert budget.longest_covered(admit=True) >= 30
+        assert parse_duration(settings["GRACEFUL_DRAIN_TIMEOUT"]) == params["timeout"]
+        assert parse_duration(settings["GRACEFUL_PROPAGATION_WAIT"]) == wait
+        # LiteLLM's own shutdown budget counts from SIGTERM: at least the drain limit and 10 s for its flush.
+        assert float(settings["GRACEFUL_SHUTDOWN_TIMEOUT"]) >= params["timeout"] + 10
     elif MIDDLEWARE in argv(container):
         # vLLM with graceful inside: the hook and a SIGTERM-started drain end at the same time.
         settings = env(container)
@@ -218,7 +231,12 @@ def test_vllm_with_the_middleware_probes_it_and_keeps_its_own_pages() -> None:
     assert set(exempt) >= {"/health", "/metrics"}
     (mount,) = container["volumeMounts"]
     assert env(container)["VLLM_LOGGING_CONFIG_PATH"].startswith(mount["mountPath"] + "/")
-    (config,) = [doc for path in MANIFESTS for doc in load(path) if doc["kind"] == "ConfigMap"]
+    (config,) = [
+        doc
+        for path in MANIFESTS
+        for doc in load(path)
+        if doc["kind"] == "ConfigMap" and "vllm-logging.json" in doc["data"]
+    ]
     logging_config = json.loads(config["data"]["vllm-logging.json"])
     assert set(logging_config["loggers"]) == {"vllm", "graceful"}
     shipped = json.loads((Path(__file__).parent.parent / "examples" / "vllm" / "logging.json").read_text())
@@ -278,3 +296,19 @@ def test_every_sglang_drained_by_its_preset_serves_metrics() -> None:
                 if engine == "sglang":
                     assert "--enable-metrics" in argv(container), container["name"]
     assert "sglang" in engines and "vllm" in engines
+
+
+def test_the_gateway_resumes_its_opted_in_deployments_and_answers_graceful_probes() -> None:
+    """The gateway's config loads graceful's handler as a list entry (a string would replace LiteLLM's own
+    callbacks), opts its deployment in, and its probes are graceful's (LiteLLM fails its own from SIGTERM on)."""
+    (doc,) = [d for d in load(Path(MANIFESTS[0]).parent / "litellm-gateway.yaml") if d["kind"] == "ConfigMap"]
+    config = yaml.safe_load(doc["data"]["config.yaml"])
+    assert config["litellm_settings"]["callbacks"] == ["graceful.integrations.litellm.handler"]
+    handler = Path(__file__).parent.parent / "graceful" / "integrations" / "litellm.py"
+    assert "\nhandler = " in handler.read_text()
+    assert all(entry["model_info"]["graceful_resume"] is True for entry in config["model_list"])
+    (container,) = [c for _, _, c in ALL if GATEWAY_APP in argv(c)]
+    assert {key: container[key]["httpGet"]["path"] for key in PROBES} == {
+        key: DEFAULTS[option] for key, option in PROBES.items()
+    }
+    assert env(container)["CONFIG_FILE_PATH"].startswith(container["volumeMounts"][0]["mountPath"] + "/")
