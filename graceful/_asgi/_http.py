@@ -14,7 +14,7 @@ from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, H
 from .._drain._state import Drain
 from .._drain._status import SERVING
 from .._stream._rules import RESUMABLE_HEADER as _RESUMABLE
-from .._stream._rules import engine_dead, engine_dead_body, engine_dead_exception, media_type, server_failed
+from .._stream._rules import engine_dead, engine_dead_exception, media_type, server_failed
 from ._frames import FinalFrame, default_final_frame, resumable_final_frame, shutdown_error
 from ._refusal import HTTP1, json_response, request_id
 from ._shared import Shared
@@ -130,11 +130,8 @@ class Call(Tracked):
         if kind == "http.response.start":
             self.start = message
             shared = self.shared
-            if shared.request_id_header is None and self.ledger.state is SERVING and message["status"] < 500:
+            if shared.request_id_header is None and self.ledger.state is SERVING:
                 return self.server_send(message)  # nothing to add: the app's message goes through as it is
-            if message["status"] >= 500 and self.content_type_media() != b"text/event-stream":
-                # The body may say that the engine has died (a new request to a dead engine).
-                self.server_send = self._watch_failure(self.server_send)
             # A copy of the app's list (it may reuse one list for every response), set into its
             # message in place, as starlette's MutableHeaders does.
             headers = list(message.get("headers", ()))
@@ -201,27 +198,6 @@ class Call(Tracked):
         if any(map(_aborted, frames)):
             return ENGINE_ABORT, "the engine aborted the stream", None
         return None, "", None
-
-    def _watch_failure(self, send: Send) -> Send:
-        """``send`` for a 5xx response that is not a stream: its body is read on the way, and one that
-        says the engine has died puts the drain into FAILED before the body reaches the client."""
-        seen: list[bytes] = []
-        size = 0
-
-        async def watching(message: Message) -> None:
-            nonlocal size
-            if message["type"] == "http.response.body":
-                body = message.get("body", b"")
-                if size + len(body) <= _FAILURE_BODY_LIMIT:
-                    seen.append(body)
-                size += len(body)
-                if not message.get("more_body", False) and size <= _FAILURE_BODY_LIMIT:
-                    whole = b"".join(seen)
-                    if engine_dead_body(whole):
-                        self.ledger.mark_failed(ENGINE_DEAD, f"{self.label()} answered {whole[:300]!r}")
-            await send(message)
-
-        return watching
 
     async def _start_then_hand_off(self, message: Message) -> None:
         """A response that starts once the handoff has begun: a resumable stream is handed off at once."""
@@ -302,8 +278,6 @@ ENGINE_ABORT = "engine_abort"
 ENGINE_ERROR = "engine_error"
 # The reason of graceful_failures_total, and of FAILED in /status, for an engine that died.
 ENGINE_DEAD = "engine_dead"
-# The most of a 5xx body read for the engine's death: an engine's error body is a few hundred bytes.
-_FAILURE_BODY_LIMIT = 64 * 1024
 
 
 def _error_of(data: bytes) -> object:
