@@ -78,6 +78,31 @@ def test_status_and_resume(served: Served) -> None:
     assert served.mw.drain.state is State.SERVING
 
 
+def test_a_failed_worker_shows_its_cause_is_never_resumed_and_drains(served: Served) -> None:
+    """1. the engine died: FAILED  2. status shows FAILED and the cause  3. resume refuses it, exit 1, naming
+    the cause; the state stays FAILED  4. a drain (the preStop hook) waits for its stream, ends 0, still FAILED"""
+    served.mw.drain.mark_failed("engine_dead", "500 InternalServerError: EngineCore encountered an issue.")
+    status = invoke("status", "--socket-dir", served.socket_dir)
+    assert status.exit_code == 0
+    [row] = status.stdout.splitlines()[1:]
+    assert row.split()[1] == "FAILED" and row.endswith(
+        "engine_dead: 500 InternalServerError: EngineCore encountered an issue."
+    )
+    resumed = invoke("resume", "--socket-dir", served.socket_dir)
+    assert resumed.exit_code == 1
+    assert "FAILED" in resumed.stdout and "(resumed)" not in resumed.stdout
+    assert (
+        "graceful resume: worker" in resumed.stderr
+        and "engine_dead" in resumed.stderr
+        and "not resumed" in resumed.stderr
+    )
+    assert served.mw.drain.state is State.FAILED
+    drained = invoke("drain", "--socket-dir", served.socket_dir, "--propagation-wait", "0.2s", "--json")
+    assert drained.exit_code == 0, drained.output
+    assert json.loads(drained.stdout)["workers"][0]["result"]["result"] == "drained"
+    assert served.mw.drain.state is State.FAILED
+
+
 @pytest.mark.parametrize("command", ["drain", "status", "resume"])
 def test_no_server_exits_3(socket_dir: str, command: str) -> None:
     result = invoke(command, "--socket-dir", socket_dir)
