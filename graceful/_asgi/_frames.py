@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-__all__ = ["FinalFrame", "default_final_frame", "resumable_final_frame", "shutdown_error"]
+__all__ = ["FinalFrame", "default_final_frame", "responses_final_event", "resumable_final_frame", "shutdown_error"]
 
 # Given the response's content type, return the bytes to send before ending the
 # stream, or None to end it without a frame (the request is then only cancelled).
@@ -44,3 +44,25 @@ def resumable_final_frame(content_type: bytes) -> bytes | None:
     if content_type.split(b";", 1)[0].strip().lower() == b"text/event-stream":
         return b"data: " + _RESUMABLE + b"\n\n"
     return default_final_frame(content_type)
+
+
+def responses_final_event(sequence_number: int, *, resumable: bool = False, message: str | None = None) -> bytes:
+    """The final event of a Responses API stream that graceful ends early (docs/protocol.md, "The final frame").
+
+    An ``error`` event of the Responses framing (``type``, ``code``, ``message``, ``param`` and the next
+    ``sequence_number``) that also carries graceful's ``error`` object: the openai SDK raises ``APIError``
+    on a data object with a top-level ``error`` (its ``_streaming.py``), where a bare ``error`` event or
+    ``response.failed`` would end its iteration as if the answer were whole.
+    """
+    error = json.loads(_RESUMABLE if resumable else _ERROR)["error"]
+    if message is not None:
+        error["message"] = message
+    event = {
+        "type": "error",
+        "code": "server_shutdown",
+        "message": error["message"],
+        "param": None,
+        "sequence_number": sequence_number,
+        "error": error,
+    }
+    return b"event: error\ndata: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable
 from typing import Any
 
@@ -14,8 +15,8 @@ from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, H
 from .._drain._state import Drain
 from .._drain._status import SERVING
 from .._stream._rules import RESUMABLE_HEADER as _RESUMABLE
-from .._stream._rules import engine_dead, engine_dead_exception, media_type, server_failed
-from ._frames import FinalFrame, default_final_frame, resumable_final_frame, shutdown_error
+from .._stream._rules import engine_dead, engine_dead_exception, media_type, responses_path, server_failed
+from ._frames import default_final_frame, responses_final_event, resumable_final_frame, shutdown_error
 from ._refusal import HTTP1, json_response, request_id
 from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
@@ -87,12 +88,25 @@ class Call(Tracked):
         with anyio.CancelScope() as self.cancel_scope:
             await self.shared.app(self.scope, self.receive, self.send)
 
-    def failed(self, exc: BaseException) -> bool:
-        """Account for an app that raised; True when the error is ours to swallow."""
+    async def failed(self, exc: BaseException) -> bool:
+        """Account for an app that raised; True when the error is ours to swallow.
+
+        A Responses stream the app leaves half-sent gets its final event first (then the error goes on
+        to the server as it was): with no end of its own it would pass for a whole answer somewhere.
+        """
         if self.open:
             death = engine_dead_exception(exc)
             if death is not None:  # the engine died under a response it could not end (no error event)
                 self.ledger.mark_failed(ENGINE_DEAD, f"{self.label()}: {death}")
+            # (not for a client gone: OSError from the server's send)
+            if (
+                isinstance(exc, Exception)
+                and not isinstance(exc, OSError)
+                and self.started()
+                and self._responses_stream()
+            ):
+                await self._close_raised(ENGINE_ERROR if death is not None else APP_ERROR, exc)
+                return False
             self.finish(_classify(exc))
             return False
         if self.server_send is _drop and isinstance(exc, asyncio.CancelledError) and self.task is not None:
@@ -171,7 +185,7 @@ class Call(Tracked):
         self.ledger.count_truncated(reason)
         logger.warning("%s: %s; it ends with the retryable final frame", self.label(), detail)
         send, self.server_send = self.server_send, _drop
-        frame = self._final_frame()(self.content_type())
+        frame = self._closing_frame()
         if frame is not None:
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -228,11 +242,39 @@ class Call(Tracked):
         """Whether the request carried ``x-graceful-resumable: 1`` (read only when a stream is ended)."""
         return resumable(self.scope)
 
-    def _final_frame(self) -> FinalFrame:
+    def _responses_stream(self) -> bool:
+        """Whether this response is a Responses API event stream (read only when a stream is ended)."""
+        return responses_path(self.scope["path"]) and self.content_type_media() == b"text/event-stream"
+
+    def _closing_frame(self) -> bytes | None:
+        """The frame that ends this response early: the ``final_frame`` option's, or graceful's own, which
+        is the Responses framing's error event on a Responses stream and says resumable for a marked request."""
         frame = self.shared.final_frame
-        if frame is default_final_frame and self.resumable():
-            return resumable_final_frame
-        return frame
+        if frame is not default_final_frame:
+            return frame(self.content_type())
+        if self._responses_stream():
+            return responses_final_event(self._next_sequence_number(), resumable=self.resumable())
+        return (resumable_final_frame if self.resumable() else frame)(self.content_type())
+
+    def _next_sequence_number(self) -> int:
+        """One past the last ``sequence_number`` the stream sent (its last two frames are kept), else 0."""
+        seen = b"".join(frame for frame in (getattr(self, "before", None), self.last) if frame is not None)
+        numbers = _SEQUENCE.findall(seen)
+        return int(numbers[-1]) + 1 if numbers else 0
+
+    async def _close_raised(self, reason: str, exc: Exception) -> None:
+        """End a stream the app raised in with the final event, counted as truncated for ``reason``."""
+        send, self.server_send = self.server_send, _drop
+        self.ledger.count_truncated(reason)
+        logger.warning("%s: the app raised mid-stream (%r); it ends with the final event", self.label(), exc)
+        frame = self._closing_frame()
+        try:
+            if frame is not None:
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # the client may be gone already
+            pass
+        self.finish(ERROR)
 
     async def hand_off(self) -> bool:
         """End a resumable SSE stream now with the final event, for its client to continue elsewhere."""
@@ -255,7 +297,7 @@ class Call(Tracked):
                 close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in HTTP1 else []
                 await json_response(send, 503, shutdown_error(), [*close, *self.shared.drain_headers()])
             else:
-                frame = self._final_frame()(self.content_type())
+                frame = self._closing_frame()
                 if frame is not None:
                     await send({"type": "http.response.body", "body": frame, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -276,6 +318,10 @@ _ERROR_EVENT = b'data: {"error"'
 # The reasons of graceful_truncated_streams for a stream the engine ended (docs/metrics.md).
 ENGINE_ABORT = "engine_abort"
 ENGINE_ERROR = "engine_error"
+# ... and for a Responses stream that the app raised in (vLLM's Responses generator lets errors out).
+APP_ERROR = "app_error"
+# The sequence number of a Responses API event, as vLLM writes it (compact or not).
+_SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
 # The reason of graceful_failures_total, and of FAILED in /status, for an engine that died.
 ENGINE_DEAD = "engine_dead"
 

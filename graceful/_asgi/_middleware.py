@@ -189,7 +189,7 @@ class GracefulMiddleware:
                 else:
                     await call.run_scoped()
             except BaseException as exc:
-                if call.failed(exc):
+                if await call.failed(exc):
                     return
                 raise
             if call.open:  # the app returned without finishing its response

@@ -10,24 +10,19 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 from typing import Any, Literal
 
 import httpx
 
-from .._stream._rules import RESUMABLE_HEADER, server_failed
+from .._stream._rules import RESUMABLE_HEADER, responses_path, server_failed
+from ._attempts import RETRY_ATTEMPTS, Attempts, event_data
+from ._responses import plan_responses
 
 __all__ = ["RESUMABLE_HEADER", "RETRY_ATTEMPTS", "Kind", "Splice", "plan"]
 
-logger = logging.getLogger("graceful")
+Kind = Literal["chat", "completion", "responses"]
 
-Kind = Literal["chat", "completion"]
-
-# A continuation the balancer sends to a replica that refuses it (still draining, or
-# gone) is sent again: up to this many times in a row (see also _resume.RETRY_WINDOW).
-RETRY_ATTEMPTS = 16
 _DONE = b"data: [DONE]\n\n"
-_EVENT_END = (b"\r\n\r\n", b"\n\n", b"\r\r")
 
 
 def plan(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | None:
@@ -35,6 +30,9 @@ def plan(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | N
     if request.method != "POST":
         return None
     path = request.url.path.rstrip("/")
+    if responses_path(path):
+        payload = plan_responses(body)
+        return None if payload is None else ("responses", payload)
     if path.endswith("/chat/completions"):
         kind: Kind = "chat"
     elif path.endswith("/completions"):
@@ -69,36 +67,21 @@ def _token_ids(value: object) -> bool:
     return isinstance(value, list) and all(type(item) is int for item in value)
 
 
-class Splice:
-    """The state of one resumable stream across its attempts: what the caller has seen and what comes next.
+class Splice(Attempts):
+    """The state of one resumable Chat Completions or Completions stream across its attempts.
 
     ``feed`` takes bytes from the current upstream response and returns the bytes to
     give the caller; ``verdict`` decides, once that response has ended, whether to
-    resume; ``continuation`` builds the next request body.
+    resume; ``continuation`` builds the next request body. ``first`` holds the id, created
+    and model of the first chunk; ``tokens`` counts one per chunk that carries text (or its
+    token ids); ``done`` is ``[DONE]`` seen.
     """
 
     def __init__(self, kind: Kind, payload: dict[str, Any], max_resumes: int) -> None:
+        super().__init__(payload, max_resumes)
         self.kind = kind
-        self.payload = payload
-        self.max_resumes = max_resumes
-        self.resumes = 0  # continuations sent
-        # Continuations that brought events count against max_resumes. One ended before its
-        # first event (it reached a replica that handed it off at once) is retried like a
-        # refused one instead: after a pause, at most RETRY_ATTEMPTS times in a row.
-        self.charged = 0
-        self.idle = 0
-        self.events_at_resume = 0
-        self.buffer = b""
         self.text: list[str] = []
-        self.tokens = 0  # completion tokens received: one per chunk that carries text
-        self.carried_tokens = 0  # tokens carried into the current attempt
-        self.bytes_out = 0
-        self.events = 0  # complete answer events across all attempts
-        self.first: dict[str, Any] | None = None  # id, created and model of the first chunk
-        self.done = False  # [DONE] seen
         self.finished = False  # a finish_reason seen
-        self.shutdown: bytes | None = None  # graceful's final event, held back
-        self.blocked: str | None = None  # why this stream must not resume
         self.in_tool_call = False
         # Token ids, when the server returns them (vLLM with "return_token_ids": true): the
         # prompt's, from the first chunk, and every completion token's. With both, a
@@ -113,31 +96,11 @@ class Splice:
         # An engine's 5xx error event (its core died mid-stream) is held too: graceful's final
         # event after it makes the stream resumable; without one it reaches the caller as sent.
         self.failed = False
-        # The cut a continuation was sent for (the held events and the final event), shown to the
-        # caller if no continuation answers: the stream then ends as the server ended it.
-        self.unanswered = b""
 
     # -- reading an attempt ------------------------------------------------------------
 
-    def feed(self, data: bytes) -> bytes:
-        self.buffer += data
-        out: list[bytes] = []
-        while True:
-            cut = _event_end(self.buffer)
-            if cut is None:
-                break
-            end, size = cut
-            raw = self.buffer[: end + size]
-            self.buffer = self.buffer[end + size :]
-            emitted = self._event(raw)
-            if emitted:
-                out.append(emitted)
-        result = b"".join(out)
-        self.bytes_out += len(result)
-        return result
-
     def _event(self, raw: bytes) -> bytes:
-        data = _data(raw)
+        data = event_data(raw)
         if data is None:
             return raw  # a comment or keep-alive: pass it on
         if self.done:
@@ -253,16 +216,6 @@ class Splice:
 
     # -- between attempts ----------------------------------------------------------------
 
-    def resume_reason(self, error: BaseException | None) -> str | None:
-        """Once an attempt has ended (``error``: how its read failed, if it did): why to resume, or
-        None not to. A cut or shut-down stream that is not resumed is logged with the reason."""
-        why = self.verdict()
-        if why is None:
-            return "shutdown event" if self.shutdown else f"cut: {error or 'closed'}"
-        if why != "complete" and (error is not None or self.shutdown):
-            logger.info("stream %s ends without resuming: %s", (self.first or {}).get("id", "?"), why)
-        return None
-
     def verdict(self) -> str | None:
         """Once an attempt has ended: why not to resume (None: resume)."""
         if self.done:
@@ -279,11 +232,9 @@ class Splice:
             return "cut after the finish reason"
         if self.kind == "completion" and _token_ids(self.payload.get("prompt")) and self.exact_ids() is None:
             return "a token-id prompt, and the stream did not return the token ids to extend it with"
-        progress = self.events > self.events_at_resume or not self.resumes
-        if progress and self.charged >= self.max_resumes:
-            return f"max_resumes={self.max_resumes} reached"
-        if not progress and self.idle >= RETRY_ATTEMPTS:
-            return f"{RETRY_ATTEMPTS} continuations in a row ended before their first event"
+        bound = self.progress_verdict()
+        if bound is not None:
+            return bound
         left = self.remaining()
         if left is not None and left <= 0:
             return "no tokens left to generate"
@@ -337,61 +288,10 @@ class Splice:
             return None
         return [*self.prompt_ids, *self.token_ids]
 
-    def begin_resume(self, reason: str, url: httpx.URL) -> bytes:
-        if self.events > self.events_at_resume or not self.resumes:
-            self.charged += 1
-            self.idle = 0
-        else:
-            self.idle += 1
-        self.events_at_resume = self.events
-        self.resumes += 1
-        self.carried_tokens = self.tokens
-        self.unanswered = b"".join(self.held) + (self.shutdown or b"")
-        self.buffer = b""
-        self.shutdown = None
+    def _held(self) -> bytes:
+        return b"".join(self.held)
+
+    def _new_attempt(self) -> None:
         self.held = []  # the aborted attempt's last chunks: the continuation brings the rest
         self.aborted = False
         self.failed = False
-        logger.info(
-            "resuming stream %s (%s) at %s: %d bytes and %d tokens carried over (resume %d of at most %d)",
-            (self.first or {}).get("id", "?"),
-            reason,
-            url,
-            self.bytes_out,
-            self.tokens,
-            self.charged,
-            self.max_resumes,
-        )
-        return self.continuation()
-
-    def pause(self) -> float:
-        """How long to wait before this continuation: none after progress, backing off after none."""
-        return 0.0 if not self.idle else min(0.05 * 2**self.idle, 0.5)
-
-    def resumed(self) -> None:
-        """A continuation has answered: the cut it continues is never shown."""
-        self.unanswered = b""
-
-    def surfaced(self) -> bytes:
-        """What to hand the caller when the stream ends without resuming: the held events and the final
-        event, or, where no continuation answered, those of the cut it was sent for."""
-        final, self.shutdown = self.shutdown, None
-        unanswered, self.unanswered = self.unanswered, b""
-        return unanswered + self._release() + (final or b"")
-
-
-def _event_end(buffer: bytes) -> tuple[int, int] | None:
-    best: tuple[int, int] | None = None
-    for sep in _EVENT_END:
-        at = buffer.find(sep)
-        if at >= 0 and (best is None or at < best[0]):
-            best = (at, len(sep))
-    return best
-
-
-def _data(raw: bytes) -> bytes | None:
-    """The joined ``data:`` lines of one SSE event, or None when it has none."""
-    lines = [line for line in raw.replace(b"\r\n", b"\n").split(b"\n") if line.startswith(b"data:")]
-    if not lines:
-        return None
-    return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)

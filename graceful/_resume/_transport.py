@@ -1,16 +1,17 @@
 """Streams that continue on another replica: httpx transports that resume a cut completion stream.
 
 ``ResumingTransport`` (sync) and ``AsyncResumingTransport`` wrap another httpx transport.
-They mark streaming ``POST .../chat/completions`` and ``POST .../completions`` requests
-with ``x-graceful-resumable: 1``. When such a stream ends with graceful's final
-``server_shutdown`` event, or is cut before ``[DONE]`` after at least one complete
-event, they send a continuation request to the same URL and splice its events into
-the one stream the caller reads. docs/resume.md describes the protocol.
+They mark streaming ``POST .../chat/completions``, ``POST .../completions`` and ``POST
+.../responses`` requests with ``x-graceful-resumable: 1``. When such a stream ends with
+graceful's final ``server_shutdown`` event, or is cut before its end after at least one
+complete event, they send a continuation request to the same URL and splice its events
+into the one stream the caller reads. docs/resume.md describes the protocol.
 
-The splicing is one sans-IO object (``Splice``). What a spliced stream does around it (read,
-resume, retry the continuation, give up) is written once, as ``_Continuation``, an async
-iterator over an I/O of either kind: the async transport awaits it, and the sync one drives it
-over blocking I/O that never suspends, so it runs to each chunk without an event loop.
+The splicing is one sans-IO object (``Splice``, or ``ResponsesSplice`` for the Responses API).
+What a spliced stream does around it (read, resume, retry the continuation, give up) is written
+once, as ``_Continuation``, an async iterator over an I/O of either kind: the async transport
+awaits it, and the sync one drives it over blocking I/O that never suspends, so it runs to each
+chunk without an event loop.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from .._stream._rules import engine_dead_body, media_type
-from ._splice import RESUMABLE_HEADER, RETRY_ATTEMPTS, Kind, Splice, plan
+from .._stream._rules import engine_dead_body, media_type, responses_path
+from ._attempts import RETRY_ATTEMPTS, Attempts
+from ._responses import ResponsesSplice
+from ._splice import RESUMABLE_HEADER, Kind, Splice, plan
 
 __all__ = ["RESUMABLE_HEADER", "AsyncResumingTransport", "ResumingTransport"]
 
@@ -50,7 +53,8 @@ def _refused(response: httpx.Response) -> bool:
 
 def _candidate(request: httpx.Request) -> bool:
     """Whether the body is worth reading: other requests (uploads) are passed on unread."""
-    return request.method == "POST" and request.url.path.rstrip("/").endswith("/completions")
+    path = request.url.path.rstrip("/")
+    return request.method == "POST" and (path.endswith("/completions") or responses_path(path))
 
 
 def _prepare(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | None:
@@ -80,7 +84,9 @@ def _spliced(
     if found is None or response.status_code != 200 or not _is_sse(response):
         return None
     extensions = {**response.extensions, "graceful_resumes": 0}
-    continuation = _Continuation(io, request, response, Splice(*found, resumes), extensions)
+    kind, payload = found
+    splice = ResponsesSplice(payload, resumes) if kind == "responses" else Splice(kind, payload, resumes)
+    continuation = _Continuation(io, request, response, splice, extensions)
     stream = _SyncStream(continuation) if isinstance(io, _SyncIO) else _AsyncStream(continuation)
     spliced = httpx.Response(200, headers=response.headers, stream=stream, extensions=extensions)
     continuation.extensions = spliced.extensions  # httpx copies the dict: count on the caller's copy
@@ -195,7 +201,7 @@ class _Continuation:
     """The stream the caller reads: the first response's events, then each continuation's, spliced."""
 
     def __init__(
-        self, io: _IO, request: httpx.Request, response: httpx.Response, splice: Splice, extensions: dict[str, Any]
+        self, io: _IO, request: httpx.Request, response: httpx.Response, splice: Attempts, extensions: dict[str, Any]
     ) -> None:
         self.io, self.request, self.response = io, request, response
         self.splice, self.extensions = splice, extensions

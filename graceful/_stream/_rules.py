@@ -15,6 +15,7 @@ __all__ = [
     "engine_dead_body",
     "engine_dead_exception",
     "media_type",
+    "responses_path",
     "server_failed",
 ]
 
@@ -38,6 +39,11 @@ def media_type(content_type: bytes | str) -> str:
     """The media type of a Content-Type value, lower-case, without its parameters."""
     text = content_type.decode("latin-1") if isinstance(content_type, bytes) else content_type
     return text.split(";", 1)[0].strip().lower()
+
+
+def responses_path(path: str) -> bool:
+    """Whether a request path is the Responses API's (``POST /v1/responses``)."""
+    return path.rstrip("/").endswith("/responses")
 
 
 def server_failed(error: object) -> bool:

@@ -1,0 +1,172 @@
+"""What every spliced stream keeps across its attempts, whatever its framing: the sans-IO base of
+``Splice`` (Chat Completions and Completions) and ``ResponsesSplice`` (the Responses API).
+
+It splits the bytes of each attempt into events, holds graceful's final event back, counts the
+continuations against ``max_resumes``, paces the ones that brought nothing, and decides what the caller
+sees when the stream ends without resuming. A subclass reads and rewrites the events of its framing
+(``_event``), says why not to resume (``verdict``) and builds the continuation request (``continuation``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+__all__ = ["RETRY_ATTEMPTS", "Attempts", "event_data"]
+
+logger = logging.getLogger("graceful")
+
+# A continuation the balancer sends to a replica that refuses it (still draining, or
+# gone) is sent again: up to this many times in a row (see also _transport.RETRY_WINDOW).
+RETRY_ATTEMPTS = 16
+_EVENT_END = (b"\r\n\r\n", b"\n\n", b"\r\r")
+
+
+class Attempts:
+    """The state of one resumable stream across its attempts that does not depend on its framing."""
+
+    def __init__(self, payload: dict[str, Any], max_resumes: int) -> None:
+        self.payload = payload
+        self.max_resumes = max_resumes
+        self.resumes = 0  # continuations sent
+        # Continuations that brought events count against max_resumes. One ended before its
+        # first event (it reached a replica that handed it off at once) is retried like a
+        # refused one instead: after a pause, at most RETRY_ATTEMPTS times in a row.
+        self.charged = 0
+        self.idle = 0
+        self.events_at_resume = 0
+        self.buffer = b""
+        self.bytes_out = 0
+        self.events = 0  # complete answer events across all attempts
+        self.tokens = 0  # completion tokens received
+        self.carried_tokens = 0  # tokens carried into the current attempt
+        self.first: dict[str, Any] | None = None  # what names the answer (its id) to the caller
+        self.done = False  # the answer's own end seen
+        self.shutdown: bytes | None = None  # graceful's final event, held back
+        self.blocked: str | None = None  # why this stream must not resume
+        # The cut a continuation was sent for (the held events and the final event), shown to the
+        # caller if no continuation answers: the stream then ends as the server ended it.
+        self.unanswered = b""
+
+    # -- what a framing supplies -----------------------------------------------------------
+
+    def _event(self, raw: bytes) -> bytes:
+        """One whole event of the current attempt in; what the caller gets of it out."""
+        raise NotImplementedError
+
+    def verdict(self) -> str | None:
+        """Once an attempt has ended: why not to resume (None: resume)."""
+        raise NotImplementedError
+
+    def continuation(self) -> bytes:
+        """The next request's body."""
+        raise NotImplementedError
+
+    def _release(self) -> bytes:
+        """Events held from the caller that the stream's end shows after all (none by default)."""
+        return b""
+
+    def _new_attempt(self) -> None:
+        """Forget what belongs to the attempt that ended (its held events)."""
+
+    # -- shared ----------------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> bytes:
+        self.buffer += data
+        out: list[bytes] = []
+        while True:
+            cut = _event_end(self.buffer)
+            if cut is None:
+                break
+            end, size = cut
+            raw = self.buffer[: end + size]
+            self.buffer = self.buffer[end + size :]
+            emitted = self._event(raw)
+            if emitted:
+                out.append(emitted)
+        result = b"".join(out)
+        self.bytes_out += len(result)
+        return result
+
+    def resume_reason(self, error: BaseException | None) -> str | None:
+        """Once an attempt has ended (``error``: how its read failed, if it did): why to resume, or
+        None not to. A cut or shut-down stream that is not resumed is logged with the reason."""
+        why = self.verdict()
+        if why is None:
+            return "shutdown event" if self.shutdown else f"cut: {error or 'closed'}"
+        if why != "complete" and (error is not None or self.shutdown):
+            logger.info("stream %s ends without resuming: %s", (self.first or {}).get("id", "?"), why)
+        return None
+
+    def progress_verdict(self) -> str | None:
+        """The bounds every framing shares: max_resumes for continuations that brought events, and
+        RETRY_ATTEMPTS in a row for those that brought none."""
+        progress = self.events > self.events_at_resume or not self.resumes
+        if progress and self.charged >= self.max_resumes:
+            return f"max_resumes={self.max_resumes} reached"
+        if not progress and self.idle >= RETRY_ATTEMPTS:
+            return f"{RETRY_ATTEMPTS} continuations in a row ended before their first event"
+        return None
+
+    def begin_resume(self, reason: str, url: httpx.URL) -> bytes:
+        if self.events > self.events_at_resume or not self.resumes:
+            self.charged += 1
+            self.idle = 0
+        else:
+            self.idle += 1
+        self.events_at_resume = self.events
+        self.resumes += 1
+        self.carried_tokens = self.tokens
+        self.unanswered = self._held() + (self.shutdown or b"")
+        self.buffer = b""
+        self.shutdown = None
+        self._new_attempt()
+        logger.info(
+            "resuming stream %s (%s) at %s: %d bytes and %d tokens carried over (resume %d of at most %d)",
+            (self.first or {}).get("id", "?"),
+            reason,
+            url,
+            self.bytes_out,
+            self.tokens,
+            self.charged,
+            self.max_resumes,
+        )
+        return self.continuation()
+
+    def _held(self) -> bytes:
+        """The events held from the caller now, without releasing them."""
+        return b""
+
+    def pause(self) -> float:
+        """How long to wait before this continuation: none after progress, backing off after none."""
+        return 0.0 if not self.idle else min(0.05 * 2**self.idle, 0.5)
+
+    def resumed(self) -> None:
+        """A continuation has answered: the cut it continues is never shown."""
+        self.unanswered = b""
+
+    def surfaced(self) -> bytes:
+        """What to hand the caller when the stream ends without resuming: the held events and the final
+        event, or, where no continuation answered, those of the cut it was sent for."""
+        final, self.shutdown = self.shutdown, None
+        unanswered, self.unanswered = self.unanswered, b""
+        return unanswered + self._release() + (final or b"")
+
+
+def _event_end(buffer: bytes) -> tuple[int, int] | None:
+    best: tuple[int, int] | None = None
+    for sep in _EVENT_END:
+        at = buffer.find(sep)
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, len(sep))
+    return best
+
+
+def event_data(raw: bytes) -> bytes | None:
+    """The joined ``data:`` lines of one SSE event, or None when it has none."""
+    lines = [line for line in raw.replace(b"\r\n", b"\n").split(b"\n") if line.startswith(b"data:")]
+    if not lines:
+        return None
+    return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
