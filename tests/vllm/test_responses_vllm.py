@@ -145,9 +145,11 @@ def test_a_responses_stream_handed_off_is_read_as_one_response(
     assert router.sent == 2
 
 
+@pytest.mark.parametrize("how", ["create", "stream"])
 def test_a_responses_stream_whose_engine_died_is_read_as_one_response(
     replica: VllmServer,  # noqa: F811
     start_vllm: Callable[..., VllmServer],
+    how: str,
 ) -> None:
     """1. the reference on B  2. the stream starts on A  3. A's engine core is SIGKILLed: vLLM's Responses
     generator lets EngineDeadError out, graceful ends the stream with its final event (and A is FAILED)
@@ -156,7 +158,7 @@ def test_a_responses_stream_whose_engine_died_is_read_as_one_response(
     first.wait_ready()
     reference = uncut(replica)
     router = Router(first, replica)
-    reading = Reading(graceful.ResumingTransport(transport=router), first.url("/v1"), replica.model, "create", PROMPT)
+    reading = Reading(graceful.ResumingTransport(transport=router), first.url("/v1"), replica.model, how, PROMPT)
     assert reading.reading.wait(120)
     os.kill(engine_core(first), signal.SIGKILL)
     reading.wait().assert_one_response(reference)
