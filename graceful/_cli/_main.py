@@ -7,6 +7,7 @@ Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any, NoReturn
 
@@ -229,8 +230,14 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
 @cli.command("run")
 @click.argument("app")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind to this address.")
-@click.option("--port", type=int, default=8000, show_default=True, help="Bind to this port.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Bind to this port.")
 @click.option("--uds", default=None, help="Bind to this Unix socket instead of host and port.")
+@click.option(
+    "--app-dir",
+    default=".",
+    show_default=True,
+    help="Look for APP's module in this directory first (as uvicorn does): the current one by default.",
+)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
 @click.option("--socket-dir", envvar="GRACEFUL_SOCKET_DIR", default=None, help="Admin socket directory.")
 @click.option("--grace-period", type=DURATION, help="terminationGracePeriodSeconds [env GRACEFUL_GRACE_PERIOD; 30].")
@@ -264,10 +271,19 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 @click.pass_context
 def run_command(
-    ctx: click.Context, /, app: str, workers: int, log_level: str, timeout_keep_alive: int, **values: Any
+    ctx: click.Context,
+    /,
+    app: str,
+    app_dir: str,
+    workers: int,
+    log_level: str,
+    timeout_keep_alive: int,
+    **values: Any,
 ) -> None:
     """Run APP (module:attr) under uvicorn, draining on SIGTERM."""
     from .._serve._server import serve  # uvicorn is only needed here: keep `graceful drain` quick to start
+
+    sys.path.insert(0, app_dir)  # as uvicorn's --app-dir: `graceful run myapp:app` finds ./myapp.py
 
     # What goes to uvicorn.Config rather than to the drain.
     server: dict[str, Any] = {key: values.pop(key) for key in ("host", "port", "uds")}

@@ -464,3 +464,50 @@ def test_run_on_a_busy_port_exits_with_uvicorns_code_without_traceback(socket_di
     assert "address already in use" in err.lower()
     assert "Traceback" not in err
     assert os.listdir(socket_dir) == []  # the admin socket did not outlive the failed start
+
+
+PLAIN_APP = """
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"hello from a plain folder"})
+"""
+
+
+def test_graceful_run_finds_a_module_in_the_current_directory(tmp_path: Path) -> None:
+    """1. a folder outside the repository holds myapp.py  2. `graceful run myapp:app` from it serves it
+    (as uvicorn does: --app-dir, default the current directory)  3. SIGTERM: it exits 0"""
+    import re
+
+    import httpx
+
+    (tmp_path / "myapp.py").write_text(PLAIN_APP)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["GRACEFUL_SOCKET_DIR"] = str(tmp_path)
+    log = tmp_path / "log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "graceful", "run", "myapp:app", "--port", "0"],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := re.search(r"running on http://127\.0\.0\.1:(\d+)", log.read_text())):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        answer = httpx.get(f"http://127.0.0.1:{found.group(1)}/", timeout=5)
+        assert answer.status_code == 200 and answer.text == "hello from a plain folder"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+
+
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_a_port_out_of_range_is_a_usage_error(port: str) -> None:
+    result = invoke("run", "examples.server:app", "--port", port)
+    assert result.exit_code == 2
+    assert f"Invalid value for '--port': {port} is not in the range 0<=x<=65535" in result.stderr
