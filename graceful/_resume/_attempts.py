@@ -9,6 +9,7 @@ sees when the stream ends without resuming. A subclass reads and rewrites the ev
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -138,6 +139,16 @@ class Attempts:
     def _held(self) -> bytes:
         """The events held from the caller now, without releasing them."""
         return b""
+
+    def parsed(self, data: bytes) -> dict[str, Any] | None:
+        """An event's JSON object, or None to pass the event on as it came (an event that is not JSON
+        also stops the stream from resuming: its framing is not understood)."""
+        try:
+            event = json.loads(data)
+        except (UnicodeDecodeError, ValueError):
+            self.blocked = "an event that is not JSON"
+            return None
+        return event if isinstance(event, dict) else None
 
     def pause(self) -> float:
         """How long to wait before this continuation: none after progress, backing off after none."""

@@ -22,6 +22,7 @@ import copy
 import json
 from typing import Any
 
+from .._stream._rules import final_event
 from ._attempts import Attempts, event_data
 
 __all__ = ["ResponsesSplice", "plan_responses"]
@@ -77,15 +78,11 @@ class ResponsesSplice(Attempts):
             return raw  # a comment or keep-alive: pass it on
         if self.done:
             return b""
-        try:
-            event = json.loads(data)
-        except (UnicodeDecodeError, ValueError):
-            self.blocked = "an event that is not JSON"
-            return raw
-        if not isinstance(event, dict):
+        event = self.parsed(data)
+        if event is None:
             return raw
         error = event.get("error")
-        if isinstance(error, dict) and error.get("type") == "server_shutdown":
+        if final_event(error):
             self.shutdown = raw  # graceful's final event: handed back only if the stream does not resume
             return b""
         kind = event.get("type")

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import httpx
 
-from .._stream._rules import RESUMABLE_HEADER, responses_path, server_failed
+from .._stream._rules import RESUMABLE_HEADER, final_event, responses_path, server_failed
 from ._attempts import RETRY_ATTEMPTS, Attempts, event_data
 from ._responses import plan_responses
 
@@ -108,16 +108,12 @@ class Splice(Attempts):
         if data.strip() == b"[DONE]":
             self.done = True
             return self._release() + (_DONE if self.resumes else raw)
-        try:
-            event = json.loads(data)
-        except (UnicodeDecodeError, ValueError):
-            self.blocked = "an event that is not JSON"
-            return raw
-        if not isinstance(event, dict):
+        event = self.parsed(data)
+        if event is None:
             return raw
         error = event.get("error")
         if error is not None:
-            if isinstance(error, dict) and error.get("type") == "server_shutdown":
+            if final_event(error):
                 self.shutdown = raw  # handed back only if the stream does not resume
                 return b""
             if server_failed(error) and not self.failed:

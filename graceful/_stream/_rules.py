@@ -14,6 +14,7 @@ __all__ = [
     "engine_dead",
     "engine_dead_body",
     "engine_dead_exception",
+    "final_event",
     "media_type",
     "responses_path",
     "server_failed",
@@ -46,13 +47,19 @@ def responses_path(path: str) -> bool:
     return path.rstrip("/").endswith("/responses")
 
 
+def final_event(error: object) -> bool:
+    """Whether an error object is graceful's own final event's (``type: server_shutdown``): the server ended
+    the stream early and says whether the client may continue it (``resumable``)."""
+    return isinstance(error, dict) and error.get("type") == "server_shutdown"
+
+
 def server_failed(error: object) -> bool:
     """Whether an error object (the value of ``{"error": ...}``) says the server failed: a 5xx ``code``.
 
     graceful's own final event (type ``server_shutdown``, code 503) is not one: a second graceful in
     the path passes it on.
     """
-    if not isinstance(error, dict) or error.get("type") == "server_shutdown":
+    if not isinstance(error, dict) or final_event(error):
         return False
     code = error.get("code")
     return type(code) is int and 500 <= code <= 599
