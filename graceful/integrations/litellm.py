@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from typing import Any
 
 import httpx
 import litellm
 import openai
 from litellm.integrations.custom_logger import CustomLogger
-from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler, get_ssl_configuration
+from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler, get_ssl_configuration, http2_enabled
 from litellm.llms.openai.workload_identity import openai_static_api_key
 from litellm.secret_managers.main import get_secret_bool, get_secret_str
 
@@ -66,7 +67,11 @@ class ResumeHandler(CustomLogger):  # type: ignore[misc]  # LiteLLM is not typed
         self._clients: dict[tuple[object, ...], Any] = {}
 
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
-        if not opted_in(kwargs.get("model_info")) or kwargs.get("client") is not None:
+        if (
+            not opted_in(kwargs.get("model_info"))
+            or kwargs.get("client") is not None
+            or kwargs.get("stream") is not True
+        ):
             return None
         if getattr(call_type, "value", call_type) not in _STREAMING_CALLS:
             return None
@@ -97,7 +102,13 @@ class ResumeHandler(CustomLogger):  # type: ignore[misc]  # LiteLLM is not typed
             )
             api_key = openai_static_api_key(kwargs.get("api_key"))
             organization = kwargs.get("organization")
-            key = _key(provider, api_base, api_key, organization, ssl_verify)
+            retries = kwargs.get("max_retries")
+            retries = (
+                retries if isinstance(retries, int) and not isinstance(retries, bool) else openai.DEFAULT_MAX_RETRIES
+            )
+            # Keyed as LiteLLM keys its own clients (litellm/llms/openai/common_utils.py): it may set
+            # max_retries on the client it is given, so a client serves one setting.
+            key = _key(provider, api_base, api_key, organization, retries, ssl_verify)
             if key not in self._clients:
                 transport = AsyncResumingTransport(_inner(ssl_verify, session))
                 http = httpx.AsyncClient(transport=transport, follow_redirects=True)
@@ -105,6 +116,7 @@ class ResumeHandler(CustomLogger):  # type: ignore[misc]  # LiteLLM is not typed
                     api_key=api_key,
                     base_url=api_base,
                     organization=organization,
+                    max_retries=retries,
                     http_client=http,  # type: ignore[arg-type]
                 )
             return self._clients[key]
@@ -120,14 +132,19 @@ class ResumeHandler(CustomLogger):  # type: ignore[misc]  # LiteLLM is not typed
 
 def _inner(ssl_verify: Any, session: Any) -> httpx.AsyncBaseTransport:
     """The transport LiteLLM's own factory builds for a call with these settings (by default its aiohttp
-    transport over the proxy's shared session, which it does not own and never closes)."""
-    ssl = get_ssl_configuration(ssl_verify)
+    transport over the proxy's shared session, which it does not own and never closes), with the TLS,
+    client certificate and HTTP/2 settings LiteLLM's ``AsyncHTTPHandler.create_client`` reads."""
+    http2 = http2_enabled()
+    ssl = get_ssl_configuration(ssl_verify, http2=http2)
+    cert = os.getenv("SSL_CERTIFICATE", litellm.ssl_certificate)  # LiteLLM's own setting, read as it reads it
     transport = AsyncHTTPHandler.create_async_transport(
         ssl_context=None if isinstance(ssl, (bool, str)) else ssl,
         ssl_verify=ssl if isinstance(ssl, bool) else None,
         shared_session=session,
+        http2=http2,
+        cert=cert,
     )
-    return transport if transport is not None else httpx.AsyncHTTPTransport(verify=ssl)
+    return transport if transport is not None else httpx.AsyncHTTPTransport(verify=ssl, cert=cert, http2=http2)
 
 
 def _key(*parts: object) -> tuple[object, ...]:
