@@ -63,8 +63,18 @@ class LiteLLMProxy(Launched):
     """``uvicorn litellm.proxy.proxy_server:app`` (or ``graceful run`` it) in .litellm/venv, on 127.0.0.1."""
 
     def __init__(
-        self, config: Path, log: Path, *, graceful_run: tuple[str, ...] | None = None, socket_dir: str = "", **env: str
+        self,
+        config: Path,
+        log: Path,
+        *,
+        graceful_run: tuple[str, ...] | None = None,
+        socket_dir: str = "",
+        own_session: bool = True,
+        **env: str,
     ) -> None:
+        """``own_session=False`` keeps the proxy in the test's session, as tests/vllm/conftest.py keeps vLLM: with
+        the kernel's autogroup scheduling, a proxy in a session of its own in front of a CPU vLLM got no CPU for
+        seconds at a time while the engine generated (and its streams reached the caller only then)."""
         self.name = "litellm"
         self.socket_dir = socket_dir
         self.log_path = log
@@ -89,8 +99,9 @@ class LiteLLMProxy(Launched):
             command = [str(PYTHON), "-m", "graceful", "run", app, "--port", "0", *graceful_run]
         with open(log, "wb") as out:
             self.process = subprocess.Popen(
-                command, cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+                command, cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=own_session, process_group=None if own_session else 0,
+            )  # fmt: skip
 
     def wait_serving(self, limit: float = 90) -> LiteLLMProxy:
         """Until the port is bound and LiteLLM's own liveness answers (its config and router are loaded)."""
@@ -123,6 +134,7 @@ class Answer:
     ids: set[str] = field(default_factory=set)
     error: str | None = None
     chunks: int = 0
+    token_ids: list[int] = field(default_factory=list)
 
     def assert_whole(self, expected: str, tokens: int, *, done: bool = True) -> None:
         assert self.error is None, self.error
@@ -134,13 +146,15 @@ class Answer:
         assert self.usage is not None and self.usage["completion_tokens"] == tokens, self.usage
 
 
-def request_body(model: str, max_tokens: int) -> dict[str, Any]:
+def request_body(model: str, max_tokens: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The chat request every caller sends; ``extra`` adds fields (vLLM's ``return_token_ids``, sampling)."""
     return {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
 
 
@@ -153,15 +167,20 @@ class Caller:
 
     ``kind`` is ``curl`` (``curl -N``: the raw event stream, as any client in any language reads it)
     or ``node`` (the openai SDK for Node, tests/node/stream.mjs). ``reading`` is set once 5 lines have come.
+    ``extra`` adds fields to curl's request body (stream.mjs sends its own).
     """
 
-    def __init__(self, kind: str, base: str, model: str, max_tokens: int) -> None:
+    def __init__(
+        self, kind: str, base: str, model: str, max_tokens: int, *, extra: dict[str, Any] | None = None
+    ) -> None:
+        if extra and kind != "curl":
+            raise ValueError(f"extra request fields are sent by curl only, not by {kind!r}")
         self.kind = kind
         if kind == "curl":
             command = [
                 "curl", "-sS", "-N", "--max-time", "120", base + "/v1/chat/completions",
                 "-H", "content-type: application/json", "-H", f"authorization: Bearer {MASTER_KEY}",
-                "-d", json.dumps(request_body(model, max_tokens)),
+                "-d", json.dumps(request_body(model, max_tokens, extra)),
             ]  # fmt: skip
         else:
             command = ["node", str(NODE_CLIENT), base + "/v1", model, str(max_tokens), MASTER_KEY]
@@ -214,6 +233,7 @@ def parse_curl(lines: list[str]) -> Answer:
         answer.ids.add(event["id"])
         for choice in event.get("choices") or []:
             answer.text += (choice.get("delta") or {}).get("content") or ""
+            answer.token_ids += choice.get("token_ids") or []
             if choice.get("finish_reason"):
                 answer.finishes.append(choice["finish_reason"])
         if event.get("usage"):
