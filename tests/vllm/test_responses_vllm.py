@@ -194,6 +194,10 @@ def test_without_the_transport_a_responses_stream_cut_at_the_deadline_makes_the_
     assert "hook exit 1" in seen  # the deadline passed with the stream in flight
 
 
+@pytest.mark.skipif(
+    os.environ.get("GRACEFUL_MEASURE_EXACTNESS") != "1",
+    reason="a measurement (docs/resume.md records it): GRACEFUL_MEASURE_EXACTNESS=1 pytest -s runs it",
+)
 def test_how_often_a_continued_responses_answer_equals_the_uncut_one(
     replica: VllmServer,  # noqa: F811
     start_vllm: Callable[..., VllmServer],
