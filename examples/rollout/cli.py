@@ -21,6 +21,7 @@ from graceful import ConfigError, parse_duration
 from .advice import advise
 from .balancer import BALANCERS
 from .envoy import RETRIES
+from .litellm import GATEWAYS
 from .report import expectations, render, side_summary
 from .scenarios import SCENARIOS, Options, SideResult, records_file, run_side
 
@@ -91,6 +92,25 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     default=None,
     help="Graceful side: responses carry x-envoy-immediate-health-check-fail from the drain's start [default: on].",
 )
+@click.option(
+    "--handoff-streams",
+    is_flag=True,
+    default=None,
+    help=(
+        "Graceful side: hand resumable streams off after the propagation wait (graceful run --handoff-streams); "
+        "the first column is the same side without it. Clients resume them through graceful's transport, "
+        "or the gateway does."
+    ),
+)
+@click.option(
+    "--gateway",
+    type=click.Choice(GATEWAYS),
+    default=None,
+    help=(
+        "Clients send to a LiteLLM proxy in front of the balancer (bash scripts/setup-litellm), which resumes "
+        "the streams: raw SSE readers and Node openai SDK callers. Streams of 1, 5 and 30 s (--quick: 15 s)."
+    ),
+)
 @click.option("--skip-baseline", is_flag=True, help="Run the graceful side only.")
 @click.option("--records", type=click.Path(file_okay=False), default=None, help="Write per-request JSON lines here.")
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write both sides as JSON here.")
@@ -116,11 +136,12 @@ def rollout_command(
     plot: str | None,
     quick: bool,
     vllm: bool,
+    gateway: str | None,
     **given: Any,
 ) -> None:
     """Roll N replicas of the example server (or vLLM) behind a real balancer, baseline vs graceful, under traffic."""
     try:
-        options = Options.resolve(scenario=scenario, quick=quick, vllm=vllm, **given)
+        options = Options.resolve(scenario=scenario, quick=quick, vllm=vllm, gateway=gateway, **given)
         if plot is not None:
             from graceful._soak._report import check_plotting
 
@@ -179,11 +200,15 @@ async def _run(options: Options, skip_baseline: bool, records: str | None) -> tu
     baseline = None
     server = "vllm serve" if options.vllm else "uvicorn"
     if not skip_baseline and options.handoff_streams:
-        # The column to compare with: the same graceful side without handoff, which is long-streams.
-        log("long-streams: graceful run + preStop graceful drain, streams waited for until the deadline")
+        # The column to compare with: the same graceful side without handoff (in long-streams-handoff: long-streams).
+        if options.scenario == "long-streams-handoff":
+            name, waited = "long-streams", "until the deadline"
+        else:
+            name, waited = "no-handoff", "until they end or the deadline"
+        log(f"{name}: graceful run + preStop graceful drain, streams waited for {waited}")
         compare = replace(options, handoff_streams=False, resume=False)
         baseline = await run_side(
-            "graceful", compare, log_dir=log_dir, log=log, records_path=records_file(records, "long-streams")
+            "graceful", compare, log_dir=log_dir, log=log, records_path=records_file(records, name)
         )
     elif not skip_baseline:
         log(f"baseline: plain {server}, no preStop hook")

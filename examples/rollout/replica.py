@@ -192,11 +192,11 @@ class Replica:
 
     async def pre_stop(
         self, *, propagation_wait: float, timeout: float, propagation_quiet: float | None = None
-    ) -> tuple[int, float | None]:
+    ) -> tuple[int, list[dict[str, Any]]]:
         """``graceful drain`` against this replica's admin socket.
 
-        Returns its exit code and the wall-clock time its propagation phase ended (from
-        ``--json``: the drain's start plus its ``propagation`` seconds), None if unknown.
+        Returns its exit code and each worker's drain result from ``--json`` (``started_at``,
+        ``propagation``, ``handed_off``, ...; empty when unknown).
         """
         argv = [
             sys.executable,
@@ -227,7 +227,7 @@ class Replica:
             out, _ = await hook.communicate()
             code = hook.returncode
             assert code is not None
-            return code, _propagation_end(out)
+            return code, _results(out)
         finally:
             if hook.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -300,18 +300,13 @@ class Replica:
             os.rmdir(self.socket_dir)
 
 
-def _propagation_end(out: bytes) -> float | None:
-    """The latest wall-clock end of a propagation phase in ``graceful drain --json`` output."""
-    ends = []
+def _results(out: bytes) -> list[dict[str, Any]]:
+    """Each worker's drain result in ``graceful drain --json`` output."""
     try:
         workers = json.loads(out)["workers"]
+        return [dict(worker["result"]) for worker in workers if worker.get("result")]
     except (ValueError, KeyError, TypeError):
-        return None
-    for worker in workers:
-        result = worker.get("result") or {}
-        if result.get("propagation") is not None and result.get("started_at") is not None:
-            ends.append(float(result["started_at"]) + float(result["propagation"]))
-    return max(ends) if ends else None
+        return []
 
 
 def _free_port() -> int:

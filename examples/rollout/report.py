@@ -7,12 +7,12 @@ from typing import Any
 from graceful._soak._report import LOSSES, REASONS, RESUME_REASONS
 
 from .balancer import L7_BALANCERS
+from .drains import HANDOFF_EXIT_SLACK, drain_rows, late_exits, render_drains
+from .litellm import MODEL
+from .node import NODE_PREFIX
 from .scenarios import Options, SideResult
 
 __all__ = ["HANDOFF_EXIT_SLACK", "attribute_losses", "expectations", "reload_losses", "render", "side_summary"]
-
-# long-streams-handoff: the median old replica exits within the propagation wait plus this.
-HANDOFF_EXIT_SLACK = 5.0
 
 
 def attribute_losses(side: SideResult, window: float) -> dict[str, int]:
@@ -93,7 +93,13 @@ def side_summary(side: SideResult, options: Options) -> dict[str, Any]:
         "elapsed": round(side.report.elapsed, 1),
         "served_by": data["served_by"],
         "notes": side.notes,
+        "gateway": side.gateway,
     }
+    if options.gateway is not None:
+        node = [record for record in side.report.records if record.request_id.startswith(NODE_PREFIX)]
+        summary["node_streams"] = len(node)
+        summary["node_failed"] = sum(1 for record in node if record.reason != "ok")
+        summary["drains"] = drain_rows(side, options)
     if options.scenario == "node-loss":
         summary["loss_attribution"] = attribute_losses(side, options.lb_delay + 2.0)
     return summary
@@ -101,9 +107,11 @@ def side_summary(side: SideResult, options: Options) -> dict[str, Any]:
 
 def _label(side: SideResult, options: Options) -> str:
     """The column's name: the side, or in long-streams-handoff the scenario each graceful side stands for."""
-    if options.scenario != "long-streams-handoff":
-        return side.kind
-    return "long-streams-handoff" if side.handoff_streams else "long-streams"
+    if options.scenario == "long-streams-handoff":
+        return "long-streams-handoff" if side.handoff_streams else "long-streams"
+    if options.handoff_streams:  # the first column is the graceful side without handoff
+        return "graceful, handoff" if side.handoff_streams else "graceful, no handoff"
+    return side.kind
 
 
 def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
@@ -121,6 +129,10 @@ def expectations(graceful: dict[str, Any], options: Options) -> list[str]:
             broken.append(f"old-replica exit median {median} s after T0 (bound: propagation wait + 5 s = {bound:g} s)")
         if not reasons["resumed"]:
             broken.append("resumed=0 (no stream continued on another replica)")
+    if options.gateway is not None:
+        zeros = [*zeros, "token_mismatch"]  # the gateway's splice, checked by the count
+        if options.handoff_streams:
+            broken.extend(late_exits(graceful, options))
     for reason in zeros:
         if reasons[reason]:
             broken.append(f"{reason}={reasons[reason]}")
@@ -198,8 +210,12 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
 
     row("requests", lambda s: s["requests"])
     row("  of which streams", lambda s: f"{s['streams']} ({100 * s['streams'] / max(1, s['requests']):.0f}%)")
+    if options.gateway is not None:
+        row("    Node openai SDK streams, failed", lambda s: f"{s['node_streams']}, {s['node_failed']}")
     for reason in REASONS:
-        if reason in RESUME_REASONS and not options.resume:
+        # Behind the gateway a client cannot tell a resumed stream; the count still checks its text.
+        shown = options.resume or (options.gateway is not None and reason == "token_mismatch")
+        if reason in RESUME_REASONS and not shown:
             continue
         row(f"  {reason}", lambda s, r=reason: s["by_reason"][r])
     row("duplicates (executed twice)", lambda s: s["duplicates"])
@@ -239,6 +255,14 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
         + (f", propagation quiet {options.propagation_quiet:g}s" if options.propagation_quiet is not None else "")
         + (", admit during propagation" if options.admit_during_propagation else ", refuse during propagation"),
         f"balancer: {graceful['balancer']}",
+        *(
+            [
+                f"gateway: {graceful['gateway']} (openai/{MODEL}, graceful_resume: true) resumes the streams; "
+                "clients run no graceful code: raw SSE over httpx, and the Node openai SDK"
+            ]
+            if graceful["gateway"]
+            else []
+        ),
         *(["replicas: vllm serve (CPU, the tiny random model of tests/vllm/make_model.py)"] if options.vllm else []),
         "",
     ]
@@ -256,6 +280,9 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
                 f"baseline: {baseline['blind_retries']} retr{'y was' if baseline['blind_retries'] == 1 else 'ies were'}"
                 " blind: sent after an attempt that may already have run."
             )
+    if options.gateway is not None:
+        for side in sides:
+            lines.extend([*render_drains(side, options), ""])
     for side in sides:
         lines.extend(f"{side['kind']}: note: {note}" for note in side["notes"])
     if options.vllm:

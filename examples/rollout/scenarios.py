@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -17,6 +18,8 @@ from graceful import Budget, ConfigError
 from graceful.soak import RequestRecord, SoakConfig, SoakReport, run_soak
 
 from .balancer import L7_BALANCERS, Envoy, Nginx, open_balancer
+from .litellm import MODEL, check_gateway, open_gateway
+from .node import missing_node, node_streams
 from .replica import Kind, ReplicaSettings
 from .timeline import Plan, Rollout, Termination
 from .vllm import MODEL_NAME, VllmSetup, find_vllm, prepare
@@ -70,14 +73,27 @@ class Options:
     announce_drain: bool = True  # the graceful side's responses announce its drain (GRACEFUL_ANNOUNCE_DRAIN)
     handoff_streams: bool = False  # the graceful side hands resumable streams off after the propagation wait
     resume: bool = False  # clients send through graceful's resuming transport (graceful soak --resume)
+    gateway: str | None = None  # --gateway litellm: clients send through a LiteLLM proxy (examples/rollout/litellm.py)
+    node_streams: int = (
+        4  # behind the gateway: Node openai SDK callers of the longest streams (examples/rollout/node.py)
+    )
     quick: bool = False
     seed: int | None = None
     vllm: bool = False  # replicas are vllm serve processes (examples/rollout/vllm.py)
     vllm_setup: VllmSetup | None = None  # their command and model, made once per run (``with_vllm_model``)
 
     @classmethod
-    def resolve(cls, *, scenario: str = "default", quick: bool = False, vllm: bool = False, **given: Any) -> Options:
-        """Defaults, then the quick (CI) sizes, then vLLM's, then the scenario, with what the user set winning."""
+    def resolve(
+        cls,
+        *,
+        scenario: str = "default",
+        quick: bool = False,
+        vllm: bool = False,
+        gateway: str | None = None,
+        **given: Any,
+    ) -> Options:
+        """Defaults, then the quick (CI) sizes, then vLLM's, then the gateway's, then the scenario, with what the
+        user set winning."""
         if scenario not in SCENARIOS:
             raise ConfigError(f"--scenario: {scenario!r} is not a scenario; use one of {', '.join(SCENARIOS)}")
         if vllm and scenario not in VLLM_SCENARIOS:
@@ -85,8 +101,10 @@ class Options:
                 f"--vllm: --scenario {scenario} runs with the example server only; "
                 f"use --scenario {' or '.join(VLLM_SCENARIOS)} with --vllm, or drop --vllm"
             )
+        if gateway is not None:
+            check_gateway(gateway, scenario=scenario, vllm=vllm)
         user = {key: value for key, value in given.items() if value is not None}
-        options = cls(scenario=scenario, quick=quick, vllm=vllm)
+        options = cls(scenario=scenario, quick=quick, vllm=vllm, gateway=gateway)
         if quick:
             options = replace(
                 options,
@@ -124,6 +142,16 @@ class Options:
             else:
                 # Room for a 4096-token stream (about 41 s) in either admission mode.
                 options = replace(options, grace_period=120.0)
+        if gateway is not None:
+            # Streams of 30 s (--quick: 15 s, longer than its grace period) are in flight at every drain: with
+            # --handoff-streams the old replicas hand them off and exit, and the gateway continues them.
+            longest = 30.0 if not quick else 15.0
+            fast, medium = options.stream_tokens[:2]
+            options = replace(
+                options,
+                stream_tokens=(fast, medium, int(longest * options.tokens_per_second)),
+                node_streams=2 if quick else 4,
+            )
         options = replace(options, **user)
         if scenario == "strict-clients" and "retry" not in user:
             options = replace(options, retry="none")
@@ -157,6 +185,9 @@ class Options:
             # propagation + 2 x longest request (with queueing) + reserve. 120 s is the value
             # measured to hold at the full default size (0 failures in 10,015 strict requests).
             options = replace(options, grace_period=max(options.grace_period, 120.0))
+        if options.handoff_streams and options.gateway is None and scenario != "long-streams-handoff":
+            # Handed off, a stream goes on only if its client resumes it: here through graceful's transport.
+            options = replace(options, resume=True)
         if scenario in ("long-streams", "long-streams-handoff"):
             # Streams half as long again as the whole (final) grace period: no drain can wait for them.
             options = replace(options, stream_tokens=(int(options.tokens_per_second * options.grace_period * 1.5),))
@@ -215,6 +246,11 @@ class Options:
     def longest_stream(self) -> float:
         return max(self.stream_tokens) / self.tokens_per_second
 
+    @property
+    def timeout(self) -> float:
+        """Each attempt's limit: room for the longest stream twice over."""
+        return self.longest_stream * 2 + 15
+
     def settings(self, kind: Kind, log_dir: str) -> ReplicaSettings:
         return ReplicaSettings(
             kind=kind,
@@ -241,18 +277,30 @@ class Options:
             prestop=kind == "graceful",
             prestop_hang=self.scenario == "prestop-timeout",
             node_loss=self.scenario == "node-loss",
+            executions=self.gateway is None,
         )
 
-    def traffic(self, url: str) -> list[SoakConfig]:
-        """Short/long requests plus one closed loop per stream length, sharing ``concurrency``."""
+    def traffic(self, url: str, headers: Mapping[str, str] | None = None) -> list[SoakConfig]:
+        """Short/long requests plus one closed loop per stream length, sharing ``concurrency``; ``headers`` go
+        with every request."""
         streams = len(self.stream_tokens)
         plain = max(1, self.concurrency // 2)
         per_stream = max(1, (self.concurrency - plain) // streams)
-        timeout = self.longest_stream * 2 + 15
-        common = {"url": url, "duration": 24 * 3600.0, "retry": self.retry, "timeout": timeout, "resume": self.resume}
+        common = {
+            "url": url,
+            "duration": 24 * 3600.0,
+            "retry": self.retry,
+            "timeout": self.timeout,
+            "resume": self.resume,
+            "headers": dict(headers or {}),
+        }
         if self.vllm:
             # The model's text is unknown: ask for exact lengths and judge answers by them.
             common.update(model=MODEL_NAME, exact_length=True)
+        if self.gateway is not None:
+            # Raw SSE read with httpx, no resuming transport: the gateway resumes, out of the client's
+            # sight, and the count checks what it spliced.
+            common.update(model=MODEL, check_count=True)
         if self.resume:
             # A stream longer than the rollout's step may meet several deletions, each handing it
             # off once (a replica refuses continuations once it hands off): one resume per deletion.
@@ -298,6 +346,7 @@ class SideResult:
     lost_executions: int = 0
     notes: list[str] = field(default_factory=list)
     reloads: list[tuple[float, float]] = field(default_factory=list)  # nginx: reload start, old workers gone
+    gateway: str | None = None  # --gateway: what ran in front of the balancer
 
 
 async def run_side(
@@ -312,18 +361,32 @@ async def run_side(
     if options.vllm and options.vllm_setup is None:
         options = await anyio.to_thread.run_sync(options.with_vllm_model)
     slots = options.replicas * (options.updates + 1) + 2
-    async with open_balancer(
-        options.balancer,
-        slots=slots,
-        gateway_retry=options.gateway_retry,
-        envoy_retry=options.envoy_retry,
-        active_hc=options.active_hc,
-    ) as balancer:
+    async with (
+        open_balancer(
+            options.balancer,
+            slots=slots,
+            gateway_retry=options.gateway_retry,
+            envoy_retry=options.envoy_retry,
+            active_hc=options.active_hc,
+        ) as balancer,
+        open_gateway(
+            options.gateway, balancer_port=balancer.port, log_dir=log_dir, side=_side_name(kind, options)
+        ) as gateway,
+    ):
         rollout = Rollout(balancer, options.settings(kind, log_dir), options.plan(kind), log=log)
+        notes = []
         try:
             await rollout.start()
             log(f"{kind}: {options.replicas} replicas ready behind {balancer.name} on port {balancer.port}")
             url = f"http://127.0.0.1:{balancer.port}"
+            if gateway is not None:
+                log(f"{kind}: clients send to {gateway.name} on port {gateway.port} (openai/{MODEL}, graceful_resume)")
+                url = gateway.url
+                # LiteLLM sends the replicas neither the clients' Idempotency-Key nor their request ids.
+                notes.append(
+                    f"behind {gateway.name} the replicas never see the clients' idempotency keys: "
+                    "duplicates are keys with two fresh 2xx answers"
+                )
             stop = anyio.Event()
             records: list[RequestRecord] = []
             sink = open(records_path, "w", encoding="utf-8") if records_path else None
@@ -337,8 +400,15 @@ async def run_side(
             walkaways = 0
             try:
                 async with anyio.create_task_group() as tg:
-                    for config in options.traffic(url):
+                    for config in options.traffic(url, gateway.headers if gateway is not None else None):
                         tg.start_soon(_soak, config, stop, keep)
+                    if gateway is not None:
+                        callers = _node_callers(options, gateway.url, gateway.key, stop, keep)
+                        if isinstance(callers, str):
+                            log(f"{kind}: no Node SDK callers: {callers}")
+                            notes.append(f"no Node SDK callers: {callers}")
+                        else:
+                            tg.start_soon(callers)
                     if options.scenario == "client-disconnect":
 
                         async def walk() -> None:
@@ -355,13 +425,13 @@ async def run_side(
             finally:
                 if sink is not None:
                     sink.close()
-            # vLLM keeps no execution counts: duplicates come from the answers alone.
-            executions, lost = (None, 0) if options.vllm else await _executions(rollout)
+            # vLLM keeps no execution counts, and behind the gateway no count is by the clients' keys:
+            # duplicates come from the answers alone.
+            executions, lost = (None, 0) if options.vllm or gateway else await _executions(rollout)
             if isinstance(balancer, Envoy):
                 await balancer.read_announcements(rollout.terminations)
         finally:
             await rollout.close()
-        notes = []
         if lost:
             notes.append(f"execution counts of {lost} SIGKILLed replica(s) died with them")
         report = SoakReport(
@@ -369,7 +439,12 @@ async def run_side(
             started=started,
             elapsed=time.monotonic() - t0,
             records=sorted(records, key=lambda r: r.start),
-            settings={"scenario": options.scenario, "retry": options.retry, "resume": options.resume},
+            settings={
+                "scenario": options.scenario,
+                "retry": options.retry,
+                "resume": options.resume,
+                "gateway": options.gateway,
+            },
             executions=executions,
             notes=notes,
         )
@@ -385,11 +460,32 @@ async def run_side(
             lost_executions=lost,
             notes=notes,
             handoff_streams=options.handoff_streams,
+            gateway=gateway.name if gateway is not None else None,
         )
 
 
 async def _soak(config: SoakConfig, stop: anyio.Event, keep: Callable[[RequestRecord], None]) -> None:
     await run_soak(config, stop=stop, on_record=keep)
+
+
+def _node_callers(
+    options: Options, url: str, api_key: str, stop: anyio.Event, keep: Callable[[RequestRecord], None]
+) -> Callable[[], Coroutine[Any, Any, None]] | str:
+    """Behind the gateway: the Node SDK callers of the longest streams to start, or why there are none."""
+    missing = missing_node()
+    if missing is not None:
+        return missing
+    return functools.partial(
+        node_streams,
+        url,
+        model=MODEL,
+        tokens=max(options.stream_tokens),
+        api_key=api_key,
+        callers=options.node_streams,
+        timeout=options.timeout,
+        stop=stop,
+        keep=keep,
+    )
 
 
 async def _executions(rollout: Rollout) -> tuple[dict[str, int] | None, int]:
@@ -425,6 +521,10 @@ async def _walk_away(url: str, stop: anyio.Event, options: Options) -> int:
                         left += 1
             await anyio.sleep(0.2)
     return left
+
+
+def _side_name(kind: Kind, options: Options) -> str:
+    return f"{kind}-handoff" if options.handoff_streams else kind
 
 
 def records_file(directory: str | None, kind: str) -> str | None:

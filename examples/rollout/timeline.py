@@ -38,6 +38,9 @@ class Plan:
     prestop: bool  # run `graceful drain` as the preStop hook
     prestop_hang: bool = False  # the hook never returns by itself
     node_loss: bool = False  # old replicas are SIGKILLed at T0 without warning
+    # Read each old replica's execution counts before SIGTERM and SIGKILL (behind a gateway that sends no
+    # idempotency keys they count nothing of the clients', and the read would only put SIGTERM off).
+    executions: bool = True
 
 
 @dataclass
@@ -50,6 +53,9 @@ class Termination:
     prestop_code: int | None = None
     prestop_seconds: float | None = None
     propagation_end: float | None = None  # when the drain's propagation phase ended
+    drain_start: float | None = None  # when the preStop hook's drain began on the replica
+    drain_end: float | None = None  # when it ended (its last worker's)
+    handed_off: int = 0  # resumable streams its drain handed off
     sigterm: float | None = None
     sigkill: bool = False
     node_loss: bool = False
@@ -67,6 +73,20 @@ class Termination:
     # The graceful side: each worker's admin status once its preStop drain has ended (its request
     # durations and the drain's propagation figure); ``graceful advise --from`` reads them.
     observed: list[dict[str, Any]] = field(default_factory=list)
+
+    def set_drain_results(self, results: list[dict[str, Any]]) -> None:
+        """Take the figures of each worker's ``graceful drain --json`` result: the first drain's start,
+        the last propagation phase's end, the last drain's end, the streams handed off."""
+        started = [r for r in results if r.get("started_at") is not None]
+        if started:
+            self.drain_start = min(float(r["started_at"]) for r in started) - self.wall_t0
+        ends = [float(r["started_at"]) + float(r["propagation"]) for r in started if r.get("propagation") is not None]
+        if ends:
+            self.propagation_end = max(ends) - self.wall_t0
+        done = [float(r["started_at"]) + float(r["duration"]) for r in started if r.get("duration") is not None]
+        if done:
+            self.drain_end = max(done) - self.wall_t0
+        self.handed_off = sum(int(r.get("handed_off") or 0) for r in results)
 
 
 class Rollout:
@@ -141,7 +161,8 @@ class Rollout:
                 overran = record.sigterm is not None and record.sigterm >= grace
                 end = t0 + grace + (HOOK_EXTENSION if overran else 0.0)
                 if not await replica.wait(end - time.monotonic()):
-                    await _snapshot(replica, record)
+                    if plan.executions:
+                        await _snapshot(replica, record)
                     record.sigkill = True
                     self.log(f"  SIGKILL {replica.name} at the grace period ({grace:g}s)")
                     replica.kill()
@@ -161,13 +182,12 @@ class Rollout:
             async def hook() -> int | None:
                 code = None
                 if self.plan.prestop:
-                    code, ended = await replica.pre_stop(
+                    code, results = await replica.pre_stop(
                         propagation_wait=self.settings.propagation_wait,
                         propagation_quiet=self.settings.propagation_quiet,
                         timeout=self.budget.limit,
                     )
-                    if ended is not None:
-                        record.propagation_end = ended - record.wall_t0
+                    record.set_drain_results(results)
                     # Before SIGTERM the drained replica still answers: its durations now hold every
                     # request it served, those its deadline ended too, and its drain's propagation figure.
                     record.observed = await replica.statuses()
@@ -187,7 +207,8 @@ class Rollout:
                     await task
             record.prestop_seconds = time.monotonic() - t0
         # What the app saw of its budget before TERM: the executions it ran are final now.
-        await _snapshot(replica, record)
+        if self.plan.executions:
+            await _snapshot(replica, record)
         record.sigterm = time.monotonic() - t0
         replica.terminate()
 

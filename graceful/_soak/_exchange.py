@@ -30,6 +30,8 @@ __all__ = ["COUNT_WORD", "Outcome", "count_mismatch", "describe", "exchange"]
 _RETRY_STATUSES = frozenset({408, 409, 429})
 # The example server's deterministic "model" counts: tok0 tok1 tok2 ... (examples/server/_openai.py).
 COUNT_WORD = "tok"
+# LiteLLM's proxy hands its callers the upstream's headers prefixed so: the replica's name behind it.
+_GATEWAY_SERVED_BY = "llm_provider-x-served-by"
 
 
 @dataclass
@@ -76,7 +78,7 @@ async def exchange(
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             attempt.headers, attempt.status = True, response.status_code
-            attempt.served_by = response.headers.get("x-served-by")
+            attempt.served_by = response.headers.get("x-served-by") or response.headers.get(_GATEWAY_SERVED_BY)
             attempt.replay = response.headers.get("x-idempotent-replay", "").lower() == "true"
             attempt.not_started = "x-graceful-not-started" in response.headers
             outcome.retry_after = _seconds(response.headers.get("retry-after"))

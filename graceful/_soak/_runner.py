@@ -46,7 +46,11 @@ class SoakConfig:
     With ``exact_length``, every request asks for exactly its ``max_tokens`` (``ignore_eos``,
     temperature 0, and the final usage chunk on streams), and an answer is whole only if it
     stopped for length with that many completion tokens: for engines whose text is not known
-    in advance, such as vLLM.
+    in advance, such as vLLM. With ``check_count``, streams ask for the final usage chunk and
+    their text is checked against the example server's count as with ``resume``: for streams
+    that something between client and server continues out of the client's sight (a gateway
+    that resumes). ``headers`` go with every request (a gateway's API key, say); the report
+    keeps their names only.
     """
 
     url: str
@@ -67,6 +71,8 @@ class SoakConfig:
     resume: bool = False
     max_resumes: int = 3
     exact_length: bool = False
+    check_count: bool = False
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         endpoint(self.url)
@@ -82,13 +88,17 @@ class SoakConfig:
             raise ConfigError(f"max_requests: {self.max_requests!r} is below 1; use 1 or more, or no bound")
         if self.retry not in ("none", "sdk"):
             raise ConfigError(f"retry: {self.retry!r} is not a policy; use 'none' or 'sdk'")
-        for flag in ("resume", "exact_length"):
+        for flag in ("resume", "exact_length", "check_count"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag}: {getattr(self, flag)!r} is not a boolean; use True or False")
         if isinstance(self.max_resumes, bool) or not isinstance(self.max_resumes, int) or self.max_resumes < 0:
             raise ConfigError(
                 f"max_resumes: {self.max_resumes!r} is not a whole number of 0 or more; use e.g. 3 (0: never resume)"
             )
+        if not isinstance(self.headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()
+        ):
+            raise ConfigError(f"headers: {dict(self.headers)!r} must map header names to strings")
         unknown = set(self.mix) - set(CLASSES) or set(self.lengths) - set(CLASSES)
         if unknown:
             raise ConfigError(f"unknown request class {sorted(unknown)[0]!r}; use {', '.join(CLASSES)}")
@@ -198,6 +208,7 @@ async def run_soak(
                 await _open_loop(plan, send, tg, config.rate, config.concurrency)
         executions, notes = await _executions(client, config.executions_urls)
     settings = {key: value for key, value in asdict(config).items() if key != "url"}
+    settings["headers"] = sorted(config.headers)  # their names: a value may be a secret
     return SoakReport(
         url=config.url,
         started=started,
@@ -251,15 +262,15 @@ async def _request(
     if cfg.exact_length:
         # A known length from any model: greedy, and the end-of-sequence token ignored (vLLM's, SGLang's).
         body.update(temperature=0, ignore_eos=True)
-    if stream and (cfg.resume or cfg.exact_length):
+    if stream and (cfg.resume or cfg.exact_length or cfg.check_count):
         # The usage counts the tokens; a resumed stream's spliced usage must get them right.
         body["stream_options"] = {"include_usage": True}
-    headers = {"x-request-id": record.request_id, "idempotency-key": record.idempotency_key}
+    headers = {**cfg.headers, "x-request-id": record.request_id, "idempotency-key": record.idempotency_key}
     tries = cfg.max_retries + 1 if cfg.retry == "sdk" else 1
     for n in range(tries):
         attempt = Attempt(reason="timeout", start=time.time())
         record.history.append(attempt)
-        text: list[str] | None = [] if stream and cfg.resume else None
+        text: list[str] | None = [] if stream and (cfg.resume or cfg.check_count) else None
         outcome = Outcome(expected=record.expected_tokens, text=text, exact=cfg.exact_length)
         with anyio.move_on_after(cfg.timeout) as deadline:
             await exchange(client, url, body, {**headers, "x-soak-attempt": str(n)}, stream, attempt, outcome)

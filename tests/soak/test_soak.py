@@ -744,3 +744,52 @@ async def test_subprocess_second_ctrl_c_aborts_a_run_waiting_for_stalled_request
     assert f"graceful soak: {first.name}: no new requests" in said.decode()
     assert process.returncode == 1 and "verdict" not in stdout and "Traceback" not in said.decode()
     assert aborted_after < 5 and app.seen == 2
+
+
+@pytest.mark.parametrize(
+    ("words", "reason"), [(["tok0", " tok1", " tok2"], "ok"), (["tok0", " tok2", " tok3"], "token_mismatch")]
+)
+async def test_check_count_judges_a_stream_spliced_out_of_sight_and_headers_go_with_every_request(
+    words: list[str], reason: str
+) -> None:
+    """A gateway between client and server (no resuming transport in the client):
+    1. every request carries the configured headers; streams ask for their usage chunk
+    2. the gateway's copy of the replica's name (``llm_provider-x-served-by``) is the record's served_by
+    3. check_count: a count with a token missing ends token_mismatch, the exact count ok
+    4. the report keeps the headers' names, never their values"""
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    async def gateway(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        seen.append(({k.decode(): v.decode() for k, v in scope["headers"]}, json.loads(body)))
+        headers = [(b"content-type", b"text/event-stream"), (b"llm_provider-x-served-by", b"replica-z")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        frames = [{"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]} for word in words]
+        frames.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        frames.append({"choices": [], "usage": {"completion_tokens": 3}})
+        for frame in frames:
+            await send({"type": "http.response.body", "body": event(frame), "more_body": True})
+        await send({"type": "http.response.body", "body": DONE})
+
+    key = {"authorization": "Bearer sk-secret"}
+    async with run_uvicorn(gateway, lifespan="off") as server:
+        report = await run_soak(
+            config(
+                server.port, mix=only("stream"), lengths={"stream": 3}, max_requests=2, check_count=True, headers=key
+            )
+        )
+    assert reasons(report) == {reason: 2}
+    assert all(r.served_by == "replica-z" for r in report.records)
+    assert all(
+        h["authorization"] == "Bearer sk-secret" and b["stream_options"] == {"include_usage": True} for h, b in seen
+    )
+    assert report.settings["headers"] == ["authorization"] and "sk-secret" not in json.dumps(report.to_json())
+    with pytest.raises(ConfigError, match="headers: .* must map header names to strings"):
+        SoakConfig(url="http://127.0.0.1:1", headers={"x-n": 1})  # type: ignore[dict-item]
