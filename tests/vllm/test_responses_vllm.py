@@ -29,6 +29,7 @@ from tests.vllm.test_vllm import (
     engine_core,
     graceful_cli,
     replica,  # noqa: F401 (the shared replica B, a fixture)
+    tokens_for,
 )
 
 pytestmark = pytest.mark.timeout(900)
@@ -54,7 +55,16 @@ class Reading:
     """One Responses stream read through the resuming transport in a thread, via create(stream=True) or the
     stream() helper: every event, and ``reading`` set once ``after`` deltas have come."""
 
-    def __init__(self, transport: httpx.BaseTransport, url: str, model: str, how: str, prompt: str, after: int = 20):
+    def __init__(
+        self,
+        transport: httpx.BaseTransport,
+        url: str,
+        model: str,
+        how: str,
+        prompt: str,
+        after: int = 20,
+        tokens: int = TOKENS,
+    ):
         self.events: list[Any] = []
         self.final: Any = None
         self.error: BaseException | None = None
@@ -63,17 +73,18 @@ class Reading:
         sdk = openai.OpenAI(
             base_url=url, api_key="unused", max_retries=0, http_client=httpx.Client(transport=transport)
         )
+        self.tokens = tokens
         self.thread = threading.Thread(target=self._read, args=(sdk, model, how, prompt, after), daemon=True)
         self.thread.start()
 
     def _read(self, sdk: openai.OpenAI, model: str, how: str, prompt: str, after: int) -> None:
         try:
             if how == "create":
-                for event in sdk.responses.create(stream=True, **request(model, prompt)):
+                for event in sdk.responses.create(stream=True, **request(model, prompt, self.tokens)):
                     self._seen(event, after)
                 self.final = self.events[-1].response
             else:
-                body = request(model, prompt)
+                body = request(model, prompt, self.tokens)
                 with sdk.responses.stream(**body) as stream:
                     for event in stream:
                         self._seen(event, after)
@@ -112,7 +123,7 @@ class Reading:
         deltas = self.text()
         assert self.final.output_text == deltas
         assert self.final.id == self.events[0].response.id
-        assert self.final.usage.output_tokens == TOKENS, self.final.usage  # as counted: docs/resume.md
+        assert self.final.usage.output_tokens == self.tokens, self.final.usage  # as counted: docs/resume.md
         assert self.head and deltas.startswith(self.head) and reference.startswith(self.head)
         return deltas
 
@@ -136,9 +147,11 @@ def test_a_responses_stream_handed_off_is_read_as_one_response(
     is the reference's"""
     first = start_vllm(**RECIPE, GRACEFUL_HANDOFF_STREAMS="1")
     first.wait_ready()
-    reference = uncut(replica)
+    tokens = tokens_for(replica, 10)  # still running when the hook's drain lands, on an idle machine too
+    reference = uncut(replica, tokens=tokens)
     router = Router(first, replica)
-    reading = Reading(graceful.ResumingTransport(transport=router), first.url("/v1"), replica.model, how, PROMPT)
+    transport = graceful.ResumingTransport(transport=router)
+    reading = Reading(transport, first.url("/v1"), replica.model, how, PROMPT, tokens=tokens)
     assert reading.reading.wait(120), "the stream never reached 20 deltas on replica A"
     drain_and_resume(first)
     reading.wait().assert_one_response(reference)
@@ -156,9 +169,11 @@ def test_a_responses_stream_whose_engine_died_is_read_as_one_response(
     4. continued on B: one response, the reference's text"""
     first = start_vllm(**RECIPE)
     first.wait_ready()
-    reference = uncut(replica)
+    tokens = tokens_for(replica, 10)
+    reference = uncut(replica, tokens=tokens)
     router = Router(first, replica)
-    reading = Reading(graceful.ResumingTransport(transport=router), first.url("/v1"), replica.model, how, PROMPT)
+    transport = graceful.ResumingTransport(transport=router)
+    reading = Reading(transport, first.url("/v1"), replica.model, how, PROMPT, tokens=tokens)
     assert reading.reading.wait(120)
     os.kill(engine_core(first), signal.SIGKILL)
     reading.wait().assert_one_response(reference)

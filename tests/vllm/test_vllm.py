@@ -391,10 +391,12 @@ def test_a_stream_cut_at_the_drain_continues_exactly_on_another_replica(
     5. the caller read one stream: the reference's token ids and text exactly, one [DONE], one resume"""
     first = start_vllm(**RECIPE, GRACEFUL_HANDOFF_STREAMS="1")
     first.wait_ready()
-    payload = {"model": replica.model, **body(kind, 600, return_token_ids=True)}
+    # Long enough to outlast the hook's start on an idle machine too (600 tokens did not, once).
+    tokens = tokens_for(replica, 10)
+    payload = {"model": replica.model, **body(kind, tokens, return_token_ids=True)}
     with httpx.Client(timeout=120) as plain:
         reference_ids, reference_text, _ = token_stream(plain, replica.url(path(kind)), payload)
-    assert len(reference_ids) == 600
+    assert len(reference_ids) == tokens
 
     router = Router(first, replica)
     transport = graceful.ResumingTransport(transport=router)
