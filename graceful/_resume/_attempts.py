@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["RETRY_ATTEMPTS", "Attempts", "event_data"]
+__all__ = ["RETRY_ATTEMPTS", "Attempts", "event_data", "streamed_body"]
 
 logger = logging.getLogger("graceful")
 
@@ -173,6 +173,17 @@ def _event_end(buffer: bytes) -> tuple[int, int] | None:
         if at >= 0 and (best is None or at < best[0]):
             best = (at, len(sep))
     return best
+
+
+def streamed_body(body: bytes) -> dict[str, Any] | None:
+    """A request body's JSON object when it asks for a stream (``"stream": true``), else None."""
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(payload, dict) or payload.get("stream") is not True:
+        return None
+    return payload
 
 
 def event_data(raw: bytes) -> bytes | None:

@@ -23,7 +23,7 @@ import json
 from typing import Any
 
 from .._stream._rules import final_event
-from ._attempts import Attempts, event_data
+from ._attempts import Attempts, event_data, streamed_body
 
 __all__ = ["ResponsesSplice", "plan_responses"]
 
@@ -40,11 +40,8 @@ def plan_responses(body: bytes) -> dict[str, Any] | None:
     store is the replica's own; ``background`` mode, whose stream the replica keeps; anything that does
     not stream.
     """
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(payload, dict) or payload.get("stream") is not True:
+    payload = streamed_body(body)
+    if payload is None:
         return None
     if payload.get("previous_response_id") or payload.get("conversation") or payload.get("background"):
         return None

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import httpx
 
 from .._stream._rules import RESUMABLE_HEADER, final_event, responses_path, server_failed
-from ._attempts import RETRY_ATTEMPTS, Attempts, event_data
+from ._attempts import RETRY_ATTEMPTS, Attempts, event_data, streamed_body
 from ._responses import plan_responses
 
 __all__ = ["RESUMABLE_HEADER", "RETRY_ATTEMPTS", "Kind", "Splice", "plan"]
@@ -39,11 +39,8 @@ def plan(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | N
         kind = "completion"
     else:
         return None
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(payload, dict) or payload.get("stream") is not True:
+    payload = streamed_body(body)
+    if payload is None:
         return None
     n = payload.get("n")
     if n is not None and n != 1:
