@@ -165,3 +165,48 @@ def test_a_cut_inside_reasoning_or_a_tool_call_is_not_continued_and_the_caller_s
         for _ in sdk.responses.create(**REQUEST):
             pass
     assert len(sent) == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b'{"stream": true, "input": 3}', json.dumps({**REQUEST, "input": {"role": "user"}}).encode()],
+    ids=["not-json", "input-a-number", "input-an-object"],
+)
+def test_bodies_that_cannot_be_continued_are_left_alone(body: bytes) -> None:
+    assert plan_responses(body) is None
+
+
+def test_the_splice_passes_what_it_does_not_read_and_stops_at_what_it_cannot_carry() -> None:
+    """A keep-alive comment and a data value that is not an object pass as they came; nothing follows the
+    answer's end; an event that is not JSON, a server's error event or a part that is not text stops the
+    stream from resuming."""
+    splice = ResponsesSplice(dict(REQUEST), 3)
+    assert splice.feed(b": keep-alive\n\n") == b": keep-alive\n\n"
+    assert splice.feed(b"data: [1, 2]\n\n") == b"data: [1, 2]\n\n"
+    whole = b"".join(FIRST)
+    assert splice.feed(whole) == whole and splice.done and splice.verdict() == "complete"
+    assert splice.feed(FIRST[3]) == b""  # nothing after response.completed
+    for bad, why in [
+        (b"data: {not json\n\n", "an event that is not JSON"),
+        (b'event: error\ndata: {"type":"error","code":"x","message":"m","sequence_number":5}\n\n', "an error event"),
+    ]:
+        blocked = ResponsesSplice(dict(REQUEST), 3)
+        blocked.feed(b"".join(FIRST[:4]) + bad)
+        assert blocked.verdict() == why
+    part = data(FIRST[3])
+    part["part"]["type"] = "refusal"
+    other = ResponsesSplice(dict(REQUEST), 3)
+    other.feed(b"".join(FIRST[:3]) + b"event: x\ndata: " + json.dumps(part).encode() + b"\n\n")
+    assert other.verdict() == "a content part that is not output text"
+
+
+def test_a_cut_before_the_response_began_or_with_no_tokens_left_is_not_continued() -> None:
+    before = ResponsesSplice(dict(REQUEST), 3)
+    before.feed(responses_final_event(0, resumable=True))
+    assert before.verdict() == "cut before response.created"
+    spent = ResponsesSplice({**REQUEST, "max_output_tokens": 1}, 3)
+    spent.feed(b"".join(CUT))
+    assert spent.verdict() == "no tokens left to generate"
+    bounded = ResponsesSplice(dict(REQUEST), 0)
+    bounded.feed(b"".join(CUT))
+    assert bounded.verdict() == "max_resumes=0 reached"
