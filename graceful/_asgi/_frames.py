@@ -12,21 +12,24 @@ __all__ = ["FinalFrame", "default_final_frame", "responses_final_event", "resuma
 FinalFrame = Callable[[bytes], "bytes | None"]
 
 
-def shutdown_error(
-    message: str = "The server is shutting down; retry the request with the same idempotency key.",
-    *,
-    resumable: bool = False,
-) -> bytes:
+_RETRY = "The server is shutting down; retry the request with the same idempotency key."
+_CONTINUE = "The server is shutting down; continue the stream on another replica (docs/resume.md)."
+
+
+def _error_object(message: str, resumable: bool) -> dict[str, object]:
+    """graceful's error object: the one the final frames, the deadline's 503 and the Responses event carry."""
     error: dict[str, object] = {"type": "server_shutdown", "message": message, "retryable": True, "code": 503}
     if resumable:
         error["resumable"] = True
-    return json.dumps({"error": error}, separators=(",", ":")).encode()
+    return error
+
+
+def shutdown_error(message: str = _RETRY, *, resumable: bool = False) -> bytes:
+    return json.dumps({"error": _error_object(message, resumable)}, separators=(",", ":")).encode()
 
 
 _ERROR = shutdown_error()
-_RESUMABLE = shutdown_error(
-    "The server is shutting down; continue the stream on another replica (docs/resume.md).", resumable=True
-)
+_RESUMABLE = shutdown_error(_CONTINUE, resumable=True)
 
 
 def default_final_frame(content_type: bytes) -> bytes | None:
@@ -46,7 +49,7 @@ def resumable_final_frame(content_type: bytes) -> bytes | None:
     return default_final_frame(content_type)
 
 
-def responses_final_event(sequence_number: int, *, resumable: bool = False, message: str | None = None) -> bytes:
+def responses_final_event(sequence_number: int, *, resumable: bool = False) -> bytes:
     """The final event of a Responses API stream that graceful ends early (docs/protocol.md, "The final frame").
 
     An ``error`` event of the Responses framing (``type``, ``code``, ``message``, ``param`` and the next
@@ -54,9 +57,7 @@ def responses_final_event(sequence_number: int, *, resumable: bool = False, mess
     on a data object with a top-level ``error`` (its ``_streaming.py``), where a bare ``error`` event or
     ``response.failed`` would end its iteration as if the answer were whole.
     """
-    error = json.loads(_RESUMABLE if resumable else _ERROR)["error"]
-    if message is not None:
-        error["message"] = message
+    error = _error_object(_CONTINUE if resumable else _RETRY, resumable)
     event = {
         "type": "error",
         "code": "server_shutdown",
