@@ -185,10 +185,7 @@ class Call(Tracked):
         self.ledger.count_truncated(reason)
         logger.warning("%s: %s; it ends with the retryable final frame", self.label(), detail)
         send, self.server_send = self.server_send, _drop
-        frame = self._closing_frame()
-        if frame is not None:
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await _close_with(send, self._closing_frame())
         if self.open:
             self.finish(ERROR)
 
@@ -267,11 +264,8 @@ class Call(Tracked):
         send, self.server_send = self.server_send, _drop
         self.ledger.count_truncated(reason)
         logger.warning("%s: the app raised mid-stream (%r); it ends with the final event", self.label(), exc)
-        frame = self._closing_frame()
         try:
-            if frame is not None:
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await _close_with(send, self._closing_frame())
         except Exception:  # the client may be gone already
             pass
         self.finish(ERROR)
@@ -298,9 +292,8 @@ class Call(Tracked):
                 await json_response(send, 503, shutdown_error(), [*close, *self.shared.drain_headers()])
             else:
                 frame = self._closing_frame()
-                if frame is not None:
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if frame is not None:  # without one the response is left as it is, and the task cancelled
+                    await _close_with(send, frame)
         except Exception:  # the client may be gone already; the cancel below still applies
             pass
         self.finish(outcome)
@@ -324,6 +317,13 @@ APP_ERROR = "app_error"
 _SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
 # The reason of graceful_failures_total, and of FAILED in /status, for an engine that died.
 ENGINE_DEAD = "engine_dead"
+
+
+async def _close_with(send: Send, frame: bytes | None) -> None:
+    """End a started response early: its final frame (if any), then the last, empty body."""
+    if frame is not None:
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _error_of(data: bytes) -> object:
