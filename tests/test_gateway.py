@@ -35,6 +35,7 @@ from examples.rollout.haproxy import find_haproxy
 from examples.rollout.nginx import Nginx, find_nginx, lua_modules
 from graceful import GracefulMiddleware
 from graceful._asgi._types import Message, Receive, Scope, Send
+from graceful._drain._state import core
 from tests.servers import Launched
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(40)]
@@ -296,7 +297,7 @@ async def test_observed_propagation_ends_one_quiet_period_after_the_balancer_for
     assert result.last_request >= 2.5  # traffic came until the balancer forgot a
     assert result.propagation == pytest.approx(result.last_request + 2.0, abs=0.1)
     assert result.propagation <= forgot + 2 + 1, forgot
-    assert a.app.drain.propagation_durations == [pytest.approx(result.last_request, abs=0.01)]
+    assert core(a.app.drain).tally.propagation_seconds == [pytest.approx(result.last_request, abs=0.01)]
     assert outcomes.failures == Counter(), outcomes.seen
 
 

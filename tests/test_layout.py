@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "_resume": {"_stream"},
     "_admin": {"_drain"},
     "_engine": {"_drain"},
-    "_soak": {"_drain", "_resume"},
+    "_soak": {"_drain", "_resume", "_stream"},
     "_asgi": {"_drain", "_admin", "_stream"},
     "_serve": {"_asgi", "_admin", "_drain"},
     "_cli": {"_admin", "_drain", "_engine", "_soak", "_serve"},
@@ -251,7 +251,10 @@ ONE_PLACE = {
     "GRACE_SHARE": "_engine._config",
     "ConfigError": "_drain._errors",
     "UNSET": "_drain._environ",
-    "PREFIX": "_drain._environ",
+    "PREFIX": "_drain._names",
+    "variable": "_drain._names",
+    "judge_drain": "_drain._durations",
+    "Overrides": "_drain._options",
 }
 
 
@@ -286,9 +289,9 @@ def string_constants(tree: ast.Module) -> set[str]:
 
 def test_drain_names_no_http_or_middleware_option() -> None:
     """``_drain`` knows nothing of HTTP: none of its modules names a middleware option or a header."""
-    from graceful._asgi._options import MIDDLEWARE_ENVIRON
+    from graceful._asgi._options import MIDDLEWARE_DECLARED
 
-    words = set(MIDDLEWARE_ENVIRON) | {"retry-after", "x-graceful-not-started"}
+    words = set(MIDDLEWARE_DECLARED) | {"retry-after", "x-graceful-not-started"}
     for module, tree in modules().items():
         if package_of(module) == "_drain":
             named = {word for word in words if any(word in text for text in string_constants(tree))}
@@ -312,3 +315,26 @@ def test_the_rules_are_detected() -> None:
     assert "ready_path" in string_constants(ast.parse("x = {'ready_path': 1}\n"))
     assert string_constants(ast.parse('"""ready_path, in a docstring"""\n')) == set()
     assert b"retry-after" in _bytes_constants(ast.parse("h = [(b'retry-after', b'1')]\n"))
+
+
+# Where the process's environment is read (docs/architecture.md, "The environment"): the constructors
+# (``Drain``, ``GracefulMiddleware``), the command line and its launcher, and the LiteLLM integration
+# (LiteLLM's own settings, read as LiteLLM reads them). Everything below them is given what it needs.
+ENVIRONMENT_EDGES = {"_drain._state", "_asgi._middleware", "_serve._server", "integrations.litellm"}
+
+
+def reads_environment(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb", "getenvb"):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "os":
+            if any(alias.name in ("environ", "getenv", "environb", "getenvb") for alias in node.names):
+                return True
+    return False
+
+
+def test_only_the_edges_read_the_environment() -> None:
+    readers = {name for name, tree in modules().items() if reads_environment(tree)}
+    below = {name for name in readers if name not in ENVIRONMENT_EDGES and package_of(name) != "_cli"}
+    assert below == set()
+    assert readers >= {"_drain._state", "_asgi._middleware"}  # the rule finds the readers it allows

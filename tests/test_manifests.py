@@ -15,7 +15,7 @@ import yaml  # type: ignore[import-untyped]
 
 from examples.server import Config, create_app
 from graceful import Budget, parse_duration
-from graceful._asgi._options import DEFAULTS, ENVIRON
+from graceful._asgi._options import DECLARED, DEFAULTS
 from graceful._drain._environ import from_environ
 
 pytestmark = pytest.mark.anyio
@@ -227,7 +227,7 @@ def test_vllm_with_the_middleware_probes_it_and_keeps_its_own_pages() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == DEFAULTS["ready_path"]
     assert container["startupProbe"]["httpGet"]["path"] == DEFAULTS["startup_path"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    exempt = from_environ(ENVIRON, ["exempt_paths"], env(container))["exempt_paths"]
+    exempt = from_environ(DECLARED, ["exempt_paths"], env(container))[0]["exempt_paths"]
     assert set(exempt) >= {"/health", "/metrics"}
     (mount,) = container["volumeMounts"]
     assert env(container)["VLLM_LOGGING_CONFIG_PATH"].startswith(mount["mountPath"] + "/")
@@ -248,7 +248,8 @@ def test_server_command_is_a_graceful_run_that_parses() -> None:
     (container,) = [c for _, _, c in ALL if EXAMPLE_APP in argv(c)]
     args = argv(container)
     assert args[:2] == ["graceful", "run"]
-    run = cli.cli.commands["run"]
+    run = cli.cli.get_command(click.Context(cli.cli), "run")
+    assert run is not None
     with run.make_context("run", args[2:]) as ctx:
         assert ctx.params["app"] == EXAMPLE_APP
         assert ctx.params["port"] == container["ports"][0]["containerPort"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from graceful._soak._exchange import count_mismatch
+from graceful._soak._attempt import count_mismatch
 from graceful.soak import Attempt, RequestRecord
 
 __all__ = ["NODE_PREFIX", "missing_node", "node_streams"]

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from ._paths import default_socket_dir
-from ._wire import Broken, Unreachable, close, exchange
+from ._wire import Broken, Event, Field, Unreachable, close, exchange
 
 # typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
 TYPE_CHECKING = False
@@ -196,7 +196,7 @@ def drain_all(
                 if line.strip():
                     event = json.loads(line)
                     _absorb(worker, event)
-                    if on_start is not None and event.get("event") == "status":
+                    if on_start is not None and event.get(Field.EVENT) == Event.STATUS:
                         on_start(worker)
         except Unreachable:
             worker.reachable = False
@@ -223,31 +223,31 @@ def drain_all(
 
 
 def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
-    event = line.get("event")
-    if event == "status":
-        worker.pid = line.get("pid")
-        worker.deadline = line.get("deadline")
-        worker.in_flight = int(line.get("in_flight") or 0)
-        ahead = line.get("outlook")
+    event = line.get(Field.EVENT)
+    if event == Event.STATUS:
+        worker.pid = line.get(Field.PID)
+        worker.deadline = line.get(Field.DEADLINE)
+        worker.in_flight = int(line.get(Field.IN_FLIGHT) or 0)
+        ahead = line.get(Field.OUTLOOK)
         worker.outlook = ahead if isinstance(ahead, dict) else None
-    elif event == "progress":
-        worker.in_flight = int(line.get("in_flight") or 0)
-        worker.handed_off = int(line.get("handed_off") or 0)
+    elif event == Event.PROGRESS:
+        worker.in_flight = int(line.get(Field.IN_FLIGHT) or 0)
+        worker.handed_off = int(line.get(Field.HANDED_OFF) or 0)
         worker.progressed = True
-        worker.propagation_over = bool(line.get("propagation_over"))
-        since = line.get("since_last_request")
+        worker.propagation_over = bool(line.get(Field.PROPAGATION_OVER))
+        since = line.get(Field.SINCE_LAST_REQUEST)
         worker.since_last_request = float(since) if isinstance(since, (int, float)) else None
-    elif event == "result":
-        worker.pid = line.get("pid", worker.pid)
-        worker.in_flight = int(line.get("in_flight") or 0)
-        worker.handed_off = int(line.get("handed_off") or 0)
-        worker.deadline = line.get("deadline", worker.deadline)
+    elif event == Event.RESULT:
+        worker.pid = line.get(Field.PID, worker.pid)
+        worker.in_flight = int(line.get(Field.IN_FLIGHT) or 0)
+        worker.handed_off = int(line.get(Field.HANDED_OFF) or 0)
+        worker.deadline = line.get(Field.DEADLINE, worker.deadline)
         worker.result = line
 
 
 def _error_text(body: str) -> str:
     """The message of a JSON answer ``{"error": "..."}`` (a 400's), else the body as it came."""
     try:
-        return str(json.loads(body)["error"])
+        return str(json.loads(body)[Field.ERROR])
     except (ValueError, LookupError, TypeError):
         return body

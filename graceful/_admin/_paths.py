@@ -9,16 +9,15 @@ import os
 
 from .._drain._errors import ConfigError
 
-__all__ = ["MAX_PATH", "default_socket_dir", "socket_path"]
+__all__ = ["MAX_PATH", "SOCKET_MODE", "default_socket_dir", "socket_path"]
 
 MAX_PATH = 107  # sun_path is 108 bytes on Linux, including the terminating NUL
+SOCKET_MODE = 0o600  # owner only: the default of the middleware's socket_mode (0o660 lets the group in)
 
 
 def default_socket_dir() -> str:
-    """``$GRACEFUL_SOCKET_DIR``, else ``<tempdir>/graceful-<uid>`` (``/tmp/graceful-0`` for root)."""
-    configured = os.environ.get("GRACEFUL_SOCKET_DIR", "").strip()
-    if configured:
-        return configured
+    """``<tempdir>/graceful-<uid>`` (``/tmp/graceful-0`` for root): where sockets live when no directory
+    is configured (``socket_dir``, ``--socket-dir``, ``GRACEFUL_SOCKET_DIR``, read by the callers)."""
     import tempfile  # only here: it costs the preStop hook a few ms when the directory is given
 
     return os.path.join(tempfile.gettempdir(), f"graceful-{os.getuid()}")

@@ -25,8 +25,10 @@ import h11
 
 from .._drain._durations import parse_duration
 from .._drain._errors import ConfigError
-from .._drain._state import Drain
-from ._paths import default_socket_dir, socket_path
+from .._drain._options import Overrides
+from .._drain._state import Drain, core
+from ._paths import SOCKET_MODE, default_socket_dir, socket_path
+from ._wire import Event, Field, Value
 
 __all__ = ["AdminServer", "is_listening", "prepare_socket_dir", "remove_stale"]
 
@@ -118,11 +120,12 @@ class AdminServer:
         drain: Drain,
         *,
         socket_dir: str | None = None,
-        socket_mode: int = 0o600,
+        socket_mode: int | None = None,
         max_connections: int = 64,
         request_timeout: float = 5.0,
         write_timeout: float = 5.0,
     ) -> None:
+        socket_mode = SOCKET_MODE if socket_mode is None else socket_mode
         if socket_mode not in (0o600, 0o660):
             raise ConfigError(f"socket_mode {socket_mode:#o} is not allowed; use 0o600 (default) or 0o660 (group)")
         self.drain = drain
@@ -190,19 +193,20 @@ class AdminServer:
                 return
             async with self._slots:
                 try:
-                    await _Exchange(self, stream, tg).run()
+                    await _Responder(self, stream, tg).run()
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, h11.ProtocolError, OSError, TimeoutError):
                     pass
                 except Exception:  # the inference server must never feel an admin client
                     logger.exception("admin request failed")
 
 
-class _Exchange:
+class _Responder:
     """One request and its answer on one connection."""
 
     def __init__(self, server: AdminServer, stream: anyio.abc.ByteStream, tg: anyio.abc.TaskGroup) -> None:
         self.server = server
         self.drain = server.drain
+        self.core = core(server.drain)
         self.stream = stream
         self.tg = tg
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST)
@@ -222,31 +226,33 @@ class _Exchange:
         target = urlsplit(request.target.decode("ascii", "replace"))
         method = _ROUTES.get(target.path)
         if method is None:
-            return await self._answer(404, {"error": f"no such path {target.path!r}; use /status, /drain or /resume"})
+            return await self._answer(
+                404, {Field.ERROR: f"no such path {target.path!r}; use /status, /drain or /resume"}
+            )
         if request.method != method:
-            return await self._answer(405, {"error": f"{target.path} takes {method.decode()}"}, ((b"allow", method),))
+            return await self._answer(
+                405, {Field.ERROR: f"{target.path} takes {method.decode()}"}, ((b"allow", method),)
+            )
         if target.path == "/status":
-            self.drain.sweep()  # durations up to this instant, not the last periodic sweep's
+            self.core.ledger.count_durations()  # durations up to this instant, not the last periodic count's
             return await self._answer(200, self.drain.status().as_dict())
         if target.path == "/resume":
             resumed = self.drain.resume()
             failure = self.drain.failure
-            answer = {"resumed": resumed, "state": self.drain.state.value, "pid": os.getpid()}
-            return await self._answer(200, {**answer, "failure": None if failure is None else failure.as_dict()})
+            answer = {Field.RESUMED: resumed, Field.STATE: self.drain.state.value, Field.PID: os.getpid()}
+            return await self._answer(200, {**answer, Field.FAILURE: None if failure is None else failure.as_dict()})
         try:
             options = _drain_options(target.query)
             # Values the parser cannot judge alone (propagation_quiet against the wait)
             # get their 400 here, before the stream begins.
-            _, _, limit = self.drain.check_overrides(
-                propagation_wait=options["propagation_wait"],
-                propagation_quiet=options["propagation_quiet"],
-                timeout=options["timeout"],
+            overrides = self.core.overrides(
+                options["propagation_wait"], options["propagation_quiet"], options["timeout"]
             )
         except ConfigError as exc:
-            return await self._answer(400, {"error": str(exc)})
+            return await self._answer(400, {Field.ERROR: str(exc)})
         # The work in flight as the drain finds it, judged by the durations seen (the hook prints it).
-        ahead = self.drain.outlook(limit).as_dict()
-        await self._stream_drain(ahead, **options)
+        ahead = self.core.outlook(overrides.limit).as_dict()
+        await self._stream_drain(ahead, overrides, reason=options["reason"])
 
     async def _read_request(self) -> h11.Request | None:
         request: h11.Request | None = None
@@ -296,18 +302,11 @@ class _Exchange:
 
     async def _answer_error(self, status: int, message: str) -> None:
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self._answer(status, {"error": message})
+            await self._answer(status, {Field.ERROR: message})
 
-    async def _stream_drain(
-        self,
-        ahead: dict[str, object],
-        *,
-        propagation_wait: float | None,
-        propagation_quiet: float | None,
-        timeout: float | None,
-        reason: str,
-    ) -> None:
+    async def _stream_drain(self, ahead: dict[str, object], overrides: Overrides, *, reason: str) -> None:
         drain = self.drain
+        inner = self.core
         done = anyio.Event()
         result: dict[str, object] = {}
 
@@ -315,29 +314,25 @@ class _Exchange:
             # In the listener's task group, not this connection's: a preStop hook that is
             # killed mid-way must not stop the drain it started.
             try:
-                outcome = await drain.drain(
-                    propagation_wait=propagation_wait,
-                    propagation_quiet=propagation_quiet,
-                    timeout=timeout,
-                    reason=reason,
-                )
+                inner.begin(reason, overrides)  # judged once, before the answer began
+                outcome = await inner.join()
                 result.update(outcome.as_dict())
             except Exception as exc:  # never let it reach the lifespan task group
                 logger.exception("drain failed")
-                result.update({"result": "error", "error": repr(exc)})
+                result.update({Field.RESULT: Value.ERROR, Field.ERROR: repr(exc)})
             finally:
                 done.set()
 
         self.tg.start_soon(run_drain)
         headers = [*_NDJSON, (b"connection", b"close")]
         await self._send(h11.Response(status_code=200, headers=headers))
-        await self._line({"event": "status", **drain.status().as_dict(), "outlook": ahead})
+        await self._line({Field.EVENT: Event.STATUS, **drain.status().as_dict(), Field.OUTLOOK: ahead})
         while not done.is_set():
             with anyio.move_on_after(1.0):
                 await done.wait()
             if not done.is_set():
                 await self._line(_progress(drain))
-        await self._line({"event": "result", "pid": os.getpid(), **result})
+        await self._line({Field.EVENT: Event.RESULT, Field.PID: os.getpid(), **result})
         await self._send(h11.EndOfMessage())
 
     async def _line(self, body: dict[str, object]) -> None:
@@ -351,14 +346,14 @@ def _progress(drain: Drain) -> dict[str, object]:
     deadline = status.deadline or now
     last = status.last_request
     return {
-        "event": "progress",
-        "state": status.state.value,
-        "in_flight": status.in_flight,
-        "handed_off": drain.handed_off(),
-        "elapsed": round(now - started, 3),
-        "deadline_in": round(deadline - now, 3),
-        "since_last_request": None if last is None else round(max(0.0, now - last), 3),
-        "propagation_over": status.propagation_until is not None and now >= status.propagation_until,
+        Field.EVENT: Event.PROGRESS,
+        Field.STATE: status.state.value,
+        Field.IN_FLIGHT: status.in_flight,
+        Field.HANDED_OFF: core(drain).handed_off(),
+        Field.ELAPSED: round(now - started, 3),
+        Field.DEADLINE_IN: round(deadline - now, 3),
+        Field.SINCE_LAST_REQUEST: None if last is None else round(max(0.0, now - last), 3),
+        Field.PROPAGATION_OVER: status.propagation_until is not None and now >= status.propagation_until,
     }
 
 

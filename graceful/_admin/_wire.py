@@ -1,7 +1,9 @@
-"""One HTTP/1.1 exchange with an admin server over its Unix socket, on a blocking socket.
+"""The admin protocol's names, and one HTTP/1.1 exchange with an admin server over its Unix socket.
 
-The admin client (``_client``) runs one per worker, each in its own thread. Standard library
-only, and no HTTP library: the preStop hook's start-up counts against the grace period.
+The server (``_server``) writes its answers and the client (``_client``) and the CLI read them
+through the names declared here (:class:`Event`, :class:`Field`, :class:`Value`). The exchange
+runs on a blocking socket, one per worker, each in its own thread. Standard library only, and no
+HTTP library: the preStop hook's start-up counts against the grace period.
 """
 
 from __future__ import annotations
@@ -10,11 +12,85 @@ import socket as _socket
 import time
 from collections.abc import Iterator
 
-__all__ = ["Answer", "Broken", "Unreachable", "close", "exchange"]
+__all__ = ["Answer", "Broken", "Event", "Field", "Unreachable", "Value", "close", "exchange"]
 
 # A status line and headers longer than this are not from our server.
 _MAX_HEAD = 16 * 1024
 _MAX_LINE = 1024 * 1024
+
+
+# -- The protocol's names -------------------------------------------------------------------------
+# Every answer is one JSON object: GET /status answers the worker's status, POST /resume what it
+# did, a refusal (4xx) {"error": ...}. POST /drain answers NDJSON, one event a line: a status event
+# at once, a progress event about once a second, and a result event when the drain ends. What
+# both ends name is declared here once; tests/admin/test_wire.py holds the server and the readers
+# to it. Plain classes of strings, not enums or dataclasses: this module is on the hook's path.
+
+
+class Event:
+    """The ``event`` of each line of a drain's answer, in their order."""
+
+    STATUS = "status"  # the worker's status as the drain begins, with the outlook of its work in flight
+    PROGRESS = "progress"
+    RESULT = "result"  # the last line: the drain's outcome, or the error it raised
+
+
+class Field:
+    """The fields of the admin server's answers; a name shared by several answers means the same in each."""
+
+    EVENT = "event"
+    ERROR = "error"  # what was wrong: a refusal's, or a result's whose drain raised
+    # The worker's status (GET /status, the status event).
+    STATE = "state"
+    FAILURE = "failure"  # why the worker is FAILED ({REASON, DETAIL, AT}), else null
+    IN_FLIGHT = "in_flight"
+    PID = "pid"
+    SINCE = "since"
+    DRAIN_STARTED = "drain_started"
+    DEADLINE = "deadline"
+    PROPAGATION_UNTIL = "propagation_until"
+    LAST_REQUEST = "last_request"
+    COUNTERS = "counters"
+    BUDGET = "budget"  # the budget in force, by its options' names
+    DURATIONS = "durations"  # {SINCE, UNTIL, BOUNDS, then per kind of request its counts and sum}
+    PROPAGATION = "propagation"  # each drain's propagation phase; a result's: its own drain's
+    OUTLOOK = "outlook"  # the status event's: {IN_FLIGHT, LEFT, AT_RISK, EXPECTED, SEEN}
+    # A failure, the durations and an outlook.
+    REASON = "reason"  # also a result's: why the drain began
+    DETAIL = "detail"
+    AT = "at"
+    UNTIL = "until"
+    BOUNDS = "bounds"
+    LEFT = "left"
+    AT_RISK = "at_risk"
+    EXPECTED = "expected"
+    SEEN = "seen"
+    # A progress event (with STATE and IN_FLIGHT).
+    HANDED_OFF = "handed_off"
+    ELAPSED = "elapsed"
+    DEADLINE_IN = "deadline_in"
+    SINCE_LAST_REQUEST = "since_last_request"
+    PROPAGATION_OVER = "propagation_over"
+    # A result event (with PID, IN_FLIGHT, REASON, DEADLINE, HANDED_OFF, PROPAGATION and LAST_REQUEST).
+    RESULT = "result"
+    DRAINED = "drained"
+    DURATION = "duration"
+    STARTED_AT = "started_at"
+    TRUNCATED = "truncated"
+    LEFTOVER = "leftover"
+    PROPAGATION_ENDED_BY = "propagation_ended_by"
+    ANNOUNCED = "announced"
+    # POST /resume's answer (with STATE, PID and FAILURE).
+    RESUMED = "resumed"
+
+
+class Value:
+    """The values of a field that the readers test for, or that the server itself writes."""
+
+    DRAINED = "drained"  # RESULT: nothing was left in flight
+    ERROR = "error"  # RESULT: the drain raised; ERROR says what
+    QUIET = "quiet"  # PROPAGATION_ENDED_BY: the quiet rule ended the propagation phase
+    FAILED = "FAILED"  # STATE: the worker failed, and is never resumed
 
 
 class Unreachable(Exception):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from .._stream._rules import event_stream, final_error, media_type
+
 __all__ = ["FinalFrame", "default_final_frame", "responses_final_event", "resumable_final_frame", "shutdown_error"]
 
 # Given the response's content type, return the bytes to send before ending the
@@ -16,16 +18,8 @@ _RETRY = "The server is shutting down; retry the request with the same idempoten
 _CONTINUE = "The server is shutting down; continue the stream on another replica (docs/resume.md)."
 
 
-def _error_object(message: str, resumable: bool) -> dict[str, object]:
-    """graceful's error object: the one the final frames, the deadline's 503 and the Responses event carry."""
-    error: dict[str, object] = {"type": "server_shutdown", "message": message, "retryable": True, "code": 503}
-    if resumable:
-        error["resumable"] = True
-    return error
-
-
 def shutdown_error(message: str = _RETRY, *, resumable: bool = False) -> bytes:
-    return json.dumps({"error": _error_object(message, resumable)}, separators=(",", ":")).encode()
+    return json.dumps({"error": final_error(message, resumable=resumable)}, separators=(",", ":")).encode()
 
 
 _ERROR = shutdown_error()
@@ -34,17 +28,16 @@ _RESUMABLE = shutdown_error(_CONTINUE, resumable=True)
 
 def default_final_frame(content_type: bytes) -> bytes | None:
     """An OpenAI-style error event for SSE, an error line for NDJSON, nothing otherwise."""
-    media = content_type.split(b";", 1)[0].strip().lower()
-    if media == b"text/event-stream":
+    if event_stream(content_type):
         return b"data: " + _ERROR + b"\n\n"
-    if media in (b"application/x-ndjson", b"application/jsonl", b"application/jsonlines"):
+    if media_type(content_type) in ("application/x-ndjson", "application/jsonl", "application/jsonlines"):
         return _ERROR + b"\n"
     return None
 
 
 def resumable_final_frame(content_type: bytes) -> bytes | None:
     """The final SSE event for a request that carried ``x-graceful-resumable: 1``: ``"resumable": true``."""
-    if content_type.split(b";", 1)[0].strip().lower() == b"text/event-stream":
+    if event_stream(content_type):
         return b"data: " + _RESUMABLE + b"\n\n"
     return default_final_frame(content_type)
 
@@ -57,10 +50,10 @@ def responses_final_event(sequence_number: int, *, resumable: bool = False) -> b
     on a data object with a top-level ``error`` (its ``_streaming.py``), where a bare ``error`` event or
     ``response.failed`` would end its iteration as if the answer were whole.
     """
-    error = _error_object(_CONTINUE if resumable else _RETRY, resumable)
+    error = final_error(_CONTINUE if resumable else _RETRY, resumable=resumable)
     event = {
         "type": "error",
-        "code": "server_shutdown",
+        "code": error["type"],
         "message": error["message"],
         "param": None,
         "sequence_number": sequence_number,

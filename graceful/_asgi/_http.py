@@ -3,30 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 from collections.abc import Awaitable
 from typing import Any
 
 import anyio
 
-from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, Tracked
-from .._drain._state import Drain
+from .._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, Ledger, Tracked
 from .._drain._status import SERVING
-from .._stream._rules import RESUMABLE_HEADER as _RESUMABLE
-from .._stream._rules import engine_dead, engine_dead_exception, media_type, responses_path, server_failed
+from .._stream._ends import ENGINE_ERROR, ended_early, next_sequence_number
+from .._stream._rules import RESUMABLE_HEADER, engine_dead_exception, event_stream, responses_path
+from ._answers import json_response
 from ._frames import default_final_frame, responses_final_event, resumable_final_frame, shutdown_error
-from ._refusal import HTTP1, json_response, request_id
+from ._refusal import HTTP1, request_id
 from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
-__all__ = ["RESUMABLE_HEADER", "Call", "peer_of", "resumable"]
+__all__ = ["Call", "peer_of", "resumable"]
 
 logger = logging.getLogger("graceful")
-
-# A client that can continue a cut stream elsewhere says so (docs/resume.md).
-RESUMABLE_HEADER = _RESUMABLE.encode()
 
 
 def peer_of(scope: Scope) -> object:
@@ -37,7 +32,8 @@ def peer_of(scope: Scope) -> object:
 
 def resumable(scope: Scope) -> bool:
     """Whether the request carried ``x-graceful-resumable: 1`` (read off the hot path only)."""
-    return any(name == RESUMABLE_HEADER and value.strip() == b"1" for name, value in scope["headers"])
+    header = RESUMABLE_HEADER.encode()
+    return any(name == header and value.strip() == b"1" for name, value in scope["headers"])
 
 
 # Messages of ASGI extensions that end a response as the last http.response.body does: a file sent
@@ -57,7 +53,7 @@ class Call(Tracked):
     cancelled, exactly once whichever comes first.
 
     The middleware makes it with ``Call()`` and fills its fields at admission, in its own
-    frame: ``ledger`` (the drain), ``open``, ``shared``, ``scope``, ``server_receive``,
+    frame: ``ledger`` (the drain's), ``open``, ``shared``, ``scope``, ``server_receive``,
     ``server_send``, ``task`` (the asyncio task the deadline cancels, or None) and ``last``
     (None). The rest are set when they happen: ``start`` (the response start message, as
     sent: the deadline and an engine abort read its content type from it), ``before`` (the
@@ -67,7 +63,7 @@ class Call(Tracked):
     """
 
     __slots__ = ("shared", "scope", "server_receive", "server_send", "task", "last", "before", "start", "cancel_scope")
-    ledger: Drain
+    ledger: Ledger
     shared: Shared
     scope: Scope
     server_receive: Receive
@@ -97,7 +93,7 @@ class Call(Tracked):
         if self.open:
             death = engine_dead_exception(exc)
             if death is not None:  # the engine died under a response it could not end (no error event)
-                self.ledger.mark_failed(ENGINE_DEAD, f"{self.label()}: {death}")
+                self.shared.drain.mark_failed(ENGINE_DEAD, f"{self.label()}: {death}")
             # (not for a client gone: OSError from the server's send)
             if (
                 isinstance(exc, Exception)
@@ -131,7 +127,7 @@ class Call(Tracked):
                 body = message["body"]  # a subscript and a constant: the cheapest check per frame
             except KeyError:  # a frame without a body (it may leave "body" out): nothing to watch
                 return self.server_send(message)
-            if body == b"data: [DONE]\n\n":
+            if body == b"data: [DONE]\n\n":  # _stream._ends.DONE
                 return self._done(message)
             # The last two frames, for _done: an engine's abort is the finish chunk, followed by
             # a usage chunk when the client asked for one.
@@ -144,19 +140,19 @@ class Call(Tracked):
         if kind == "http.response.start":
             self.start = message
             shared = self.shared
-            if shared.request_id_header is None and self.ledger.state is SERVING:
+            if shared.request_id_header is None and shared.drain.state is SERVING:
                 return self.server_send(message)  # nothing to add: the app's message goes through as it is
             # A copy of the app's list (it may reuse one list for every response), set into its
             # message in place, as starlette's MutableHeaders does.
             headers = list(message.get("headers", ()))
             if shared.request_id_header is not None:
                 headers.append((shared.request_id_header, request_id(shared, self.scope)))
-            if self.ledger.state is not SERVING:
+            if shared.drain.state is not SERVING:
                 if self.scope.get("http_version", "1.1") in HTTP1:
                     # Keep-alive clients and balancers must stop reusing this connection.
                     headers.append((b"connection", b"close"))
-                headers.extend(shared.drain_headers())
-                if self.ledger.handing_off:
+                headers.extend(shared.announce())
+                if shared.core.handing_off:
                     message["headers"] = headers
                     return self._start_then_hand_off(message)
             message["headers"] = headers
@@ -167,48 +163,25 @@ class Call(Tracked):
     async def _done(self, message: Message) -> None:
         """``data: [DONE]``, the end of an OpenAI-style stream: passed on, unless the engine ended it early.
 
-        vLLM finishes a request it aborts (its shutdown timeout, a scale-down, an abort call)
-        with ``finish_reason: "abort"`` and then ``[DONE]``, as if it had completed
-        (vllm-project/vllm#57082). An engine that fails mid-stream (its core process dies, a
-        generation error) sends an error event with a 5xx ``code`` and then ``[DONE]``
-        (vLLM's stream generators). Either stream ends here with the retryable
-        final frame instead of ``[DONE]`` (resumable when the request is), so that no client
-        takes it for a whole answer and a resuming client continues it elsewhere. The
-        engine's error event has reached the client already, and the log names it.
+        An event stream the engine aborted or failed in (``_stream._ends.ended_early``) ends here
+        with the retryable final frame instead of ``[DONE]`` (resumable when the request is), so
+        that no client takes it for a whole answer and a resuming client continues it elsewhere.
+        The engine's error event has reached the client already, and the log names it.
         """
-        reason, detail, death = self._ended_early()
-        if reason is None:
+        last = self.last
+        early = None if last is None or not self._event_stream() else ended_early(getattr(self, "before", None), last)
+        if early is None:
             await self.server_send(message)
             return
+        reason, detail, death = early
         if death is not None:  # before the stream ends: its client's next try must find this replica refusing
-            self.ledger.mark_failed(ENGINE_DEAD, f"{self.label()}: {death}")
+            self.shared.drain.mark_failed(ENGINE_DEAD, f"{self.label()}: {death}")
         self.ledger.count_truncated(reason)
         logger.warning("%s: %s; it ends with the retryable final frame", self.label(), detail)
         send, self.server_send = self.server_send, _drop
         await _close_with(send, self._closing_frame())
         if self.open:
             self.finish(ERROR)
-
-    def _ended_early(self) -> tuple[str | None, str, str | None]:
-        """Why the engine's stream before ``[DONE]`` is not a whole answer: (reason, what happened, the engine's
-        error when it says the engine has died), or (None, "", None)."""
-        last = self.last
-        if last is None or self.content_type_media() != b"text/event-stream":
-            return None, "", None
-        if last.startswith(_ERROR_EVENT):
-            error = _error_of(last[5:])
-            if server_failed(error):
-                said = _describe(error)
-                return (
-                    ENGINE_ERROR,
-                    f"the engine ended the stream with an error ({said})",
-                    (said if engine_dead(error) else None),
-                )
-            return None, "", None
-        frames = [frame for frame in (getattr(self, "before", None), last) if frame is not None and _ABORT in frame]
-        if any(map(_aborted, frames)):
-            return ENGINE_ABORT, "the engine aborted the stream", None
-        return None, "", None
 
     async def _start_then_hand_off(self, message: Message) -> None:
         """A response that starts once the handoff has begun: a resumable stream is handed off at once."""
@@ -226,8 +199,9 @@ class Call(Tracked):
                 return bytes(value)
         return b""
 
-    def content_type_media(self) -> bytes:
-        return media_type(self.content_type()).encode()
+    def _event_stream(self) -> bool:
+        """Whether the response is an event stream (read only when a stream ends)."""
+        return event_stream(self.content_type())
 
     def label(self) -> str:
         return f"{self.scope.get('method', 'GET')} {self.scope['path']}"
@@ -241,7 +215,7 @@ class Call(Tracked):
 
     def _responses_stream(self) -> bool:
         """Whether this response is a Responses API event stream (read only when a stream is ended)."""
-        return responses_path(self.scope["path"]) and self.content_type_media() == b"text/event-stream"
+        return responses_path(self.scope["path"]) and self._event_stream()
 
     def _closing_frame(self) -> bytes | None:
         """The frame that ends this response early: the ``final_frame`` option's, or graceful's own, which
@@ -250,14 +224,9 @@ class Call(Tracked):
         if frame is not default_final_frame:
             return frame(self.content_type())
         if self._responses_stream():
-            return responses_final_event(self._next_sequence_number(), resumable=self.resumable())
+            sequence_number = next_sequence_number(getattr(self, "before", None), self.last)
+            return responses_final_event(sequence_number, resumable=self.resumable())
         return (resumable_final_frame if self.resumable() else frame)(self.content_type())
-
-    def _next_sequence_number(self) -> int:
-        """One past the last ``sequence_number`` the stream sent (its last two frames are kept), else 0."""
-        seen = b"".join(frame for frame in (getattr(self, "before", None), self.last) if frame is not None)
-        numbers = _SEQUENCE.findall(seen)
-        return int(numbers[-1]) + 1 if numbers else 0
 
     async def _close_raised(self, reason: str, exc: Exception) -> None:
         """End a stream the app raised in with the final event, counted as truncated for ``reason``."""
@@ -274,7 +243,7 @@ class Call(Tracked):
         """End a resumable SSE stream now with the final event, for its client to continue elsewhere."""
         if not self.open or not self.started() or not self.resumable():
             return False
-        if self.content_type_media() != b"text/event-stream":
+        if not self._event_stream():
             return False
         await self._end(HANDED_OFF)
         return True
@@ -289,7 +258,7 @@ class Call(Tracked):
         try:
             if not self.started():
                 close = [(b"connection", b"close")] if self.scope.get("http_version", "1.1") in HTTP1 else []
-                await json_response(send, 503, shutdown_error(), [*close, *self.shared.drain_headers()])
+                await json_response(send, 503, shutdown_error(), [*close, *self.shared.announce()])
             else:
                 frame = self._closing_frame()
                 if frame is not None:  # without one the response is left as it is, and the task cancelled
@@ -304,17 +273,9 @@ class Call(Tracked):
             cancel_scope.cancel()
 
 
-_ABORT = b'"abort"'
-# How vLLM's stream generators write an error mid-stream: ``data: {"error": {...}}``
-# (vllm/entrypoints/openai/chat_completion/serving.py, create_streaming_error_response).
-_ERROR_EVENT = b'data: {"error"'
-# The reasons of graceful_truncated_streams for a stream the engine ended (docs/metrics.md).
-ENGINE_ABORT = "engine_abort"
-ENGINE_ERROR = "engine_error"
-# ... and for a Responses stream that the app raised in (vLLM's Responses generator lets errors out).
+# The reason of graceful_truncated_streams for a Responses stream that the app raised in (vLLM's
+# Responses generator lets errors out); those for a stream the engine ended are _stream._ends's.
 APP_ERROR = "app_error"
-# The sequence number of a Responses API event, as vLLM writes it (compact or not).
-_SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
 # The reason of graceful_failures_total, and of FAILED in /status, for an engine that died.
 ENGINE_DEAD = "engine_dead"
 
@@ -324,37 +285,6 @@ async def _close_with(send: Send, frame: bytes | None) -> None:
     if frame is not None:
         await send({"type": "http.response.body", "body": frame, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def _error_of(data: bytes) -> object:
-    """The ``error`` of an event's JSON data, or None."""
-    try:
-        payload = json.loads(data)
-    except ValueError:
-        return None
-    return payload.get("error") if isinstance(payload, dict) else None
-
-
-def _describe(error: object) -> str:
-    assert isinstance(error, dict)
-    return f"{error.get('code')} {error.get('type', '')}: {error.get('message', '')}".strip()
-
-
-def _aborted(frame: bytes) -> bool:
-    """Whether an SSE frame holds an OpenAI-style chunk with a choice that finished with "abort"."""
-    for line in frame.splitlines():
-        if not line.startswith(b"data:"):
-            continue
-        try:
-            event = json.loads(line[5:])
-        except ValueError:
-            continue
-        choices = event.get("choices") if isinstance(event, dict) else None
-        if isinstance(choices, list) and any(
-            isinstance(choice, dict) and choice.get("finish_reason") == "abort" for choice in choices
-        ):
-            return True
-    return False
 
 
 def _classify(exc: BaseException) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from .._drain._state import Drain
+from .._drain._state import Drain, core
 from .._drain._status import STOPPED, State
 
 __all__ = ["Lifecycle"]
@@ -28,24 +28,26 @@ logger = logging.getLogger("graceful")
 class Lifecycle:
     """How many lifespans of one middleware run now, and the rule for a request without one."""
 
-    __slots__ = ("drain", "ready_on_startup", "admin", "running", "warned")
+    __slots__ = ("drain", "core", "ready_on_startup", "admin", "running", "warned")
 
     def __init__(self, drain: Drain, *, ready_on_startup: bool, admin: bool) -> None:
         self.drain = drain
+        self.core = core(drain)
         self.ready_on_startup = ready_on_startup
         self.admin = admin
         self.running = 0  # lifespan scopes in progress (more than one only when a server is run twice at once)
         self.warned = False
 
-    def arrived(self) -> None:
-        """A request or probe arrived while not SERVING (the slow path): with no lifespan, serve it."""
+    def serve_without_lifespan(self) -> None:
+        """A request or probe arrived while not SERVING (the slow path): with no lifespan running, move
+        the machine to SERVING (restarting a lifecycle that stopped without a drain) to serve it."""
         if self.running or not self.ready_on_startup:
             return
         drain = self.drain
         if drain.state is STOPPED:
-            if drain.stopped_draining:
+            if self.core.stopped_draining:
                 return  # the drain is final for its lifecycle
-            drain.restart("no lifespan")
+            self.core.restart("no lifespan")
         if drain.state is not State.STARTING:
             return
         drain.mark_serving("no lifespan")
@@ -67,6 +69,6 @@ class Lifecycle:
         lacks = []
         if self.admin:
             lacks.append("the admin socket (graceful drain cannot reach this process)")
-        if self.drain.config.drain_on_sigterm and self.drain.signals_owner is None:
+        if self.drain.config.drain_on_sigterm and self.core.signals_owner is None:
             lacks.append("the SIGTERM drain")
         return lacks

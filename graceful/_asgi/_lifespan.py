@@ -26,7 +26,7 @@ from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from .._drain._state import Drain
+    from .._drain._ledger import Ledger
     from ._metrics import MultiprocessMirror
 
 logger = logging.getLogger("graceful")
@@ -52,7 +52,7 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
             async def wrapped_receive() -> Message:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    drain.restart()  # STOPPED -> STARTING: the same app started again
+                    shared.core.restart()  # STOPPED -> STARTING: the same app started again
                 return message
 
             async def wrapped_send(message: Message) -> None:
@@ -72,7 +72,7 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
                             stopped = True
                             await send({"type": "lifespan.startup.failed", "message": f"graceful: {exc}"})
                             return
-                    if shared.ready_on_startup:
+                    if shared.options.ready_on_startup:
                         drain.mark_serving()
                 elif kind in _STOP_REASONS:
                     stopped = True
@@ -110,7 +110,7 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
 
 class _Services:
     """What lives for the lifespan of the process: the admin listener, the metrics mirror and the
-    ledger's sweep (the request durations)."""
+    ledger's count of the request durations."""
 
     def __init__(self, shared: Shared) -> None:
         self.shared = shared
@@ -124,16 +124,19 @@ class _Services:
         try:
             with self.scope:
                 async with anyio.create_task_group() as tg:
-                    if shared.admin:
+                    options = shared.options
+                    if options.admin:
                         from .._admin._server import AdminServer
 
-                        server = AdminServer(shared.drain, socket_dir=shared.socket_dir, socket_mode=shared.socket_mode)
+                        server = AdminServer(
+                            shared.drain, socket_dir=options.socket_dir, socket_mode=options.socket_mode
+                        )
                         await tg.start(server.serve)
                     if shared.mirror is not None:
                         tg.start_soon(_mirror_loop, shared.mirror)
-                    tg.start_soon(_sweep_loop, shared.drain)
+                    tg.start_soon(_count_loop, shared.ledger)
                     drain = shared.drain
-                    if drain.config.drain_on_sigterm and drain.signals_owner is None:
+                    if drain.config.drain_on_sigterm and shared.core.signals_owner is None:
                         from ._signals import SignalDrain
 
                         await tg.start(SignalDrain(drain).run)
@@ -147,10 +150,10 @@ class _Services:
             await self.stopped.wait()
 
 
-async def _sweep_loop(drain: Drain) -> None:
+async def _count_loop(ledger: Ledger) -> None:
     while True:
         await anyio.sleep(SWEEP)
-        drain.sweep()
+        ledger.count_durations()
 
 
 async def _mirror_loop(mirror: MultiprocessMirror) -> None:

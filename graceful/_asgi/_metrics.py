@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import weakref
 from collections.abc import Iterator
 
@@ -18,10 +17,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._drain._state import Drain
+from .._drain._state import Drain, core
 from .._drain._status import State
 
-__all__ = ["GracefulCollector", "MultiprocessMirror", "multiprocess_dir", "register", "render"]
+__all__ = ["GracefulCollector", "MultiprocessMirror", "register", "render"]
 
 # Every graceful_* metric, written once: read by the collector and the multi-process mirror.
 STATE = ("graceful_state", "1 for the current drain state, 0 for the others; multi-process: workers in each state.")
@@ -44,12 +43,12 @@ COUNTERS = {
 }
 # Keyed by the groups of Drain.tally.samples(): (name, help, buckets).
 HISTOGRAMS = {
-    "drain_durations": (
+    "drain_seconds": (
         "graceful_drain_duration_seconds",
         "How long drains took.",
         (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0),
     ),
-    "propagation_durations": (
+    "propagation_seconds": (
         "graceful_propagation_seconds",
         "How long traffic took to stop after readiness failed: seconds from drain start to the last new "
         "request (admitted or refused; probes and exempt paths not counted) that arrived before the "
@@ -85,7 +84,7 @@ class GracefulCollector(Collector):
         for group, values in drain.counters().items():
             name, doc, label = COUNTERS[group]
             yield _counter(name, doc, label, values)
-        for group, samples in drain.tally.samples().items():
+        for group, samples in core(drain).tally.samples().items():
             name, doc, bounds = HISTOGRAMS[group]
             yield _histogram(name, doc, bounds, samples)
         yield _durations(drain)
@@ -93,7 +92,7 @@ class GracefulCollector(Collector):
 
 def _durations(drain: Drain) -> HistogramMetricFamily:
     family = HistogramMetricFamily(*DURATIONS, labels=["kind"])
-    for kind, histogram in drain.tally.durations.histograms().items():
+    for kind, histogram in core(drain).tally.histograms.snapshot().items():
         buckets = [("+Inf" if le == math.inf else repr(le), float(n)) for le, n in histogram.cumulative()]
         family.add_metric([kind], buckets, histogram.total)
     return family
@@ -146,16 +145,12 @@ def register(drain: Drain, registry: CollectorRegistry | None = None) -> Collect
     return registry
 
 
-def multiprocess_dir() -> str | None:
-    """prometheus-client's multi-process mode is on when this variable names a directory."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
-
-
-def render(registry: CollectorRegistry) -> tuple[bytes, str]:
-    """The exposition page: across all workers in multi-process mode, else from ``registry``."""
+def render(registry: CollectorRegistry, multiprocess_dir: str | None) -> tuple[bytes, str]:
+    """The exposition page: across all workers in multi-process mode (prometheus-client's, on when
+    ``PROMETHEUS_MULTIPROC_DIR`` names a directory, read by the middleware), else from ``registry``."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    if multiprocess_dir():
+    if multiprocess_dir:
         from prometheus_client import multiprocess
 
         merged = CollectorRegistry()
@@ -207,7 +202,7 @@ class MultiprocessMirror:
                 if delta:
                     counter.labels(label).inc(delta)
                     self._pushed[(group, label)] = value
-        for group, samples in drain.tally.samples().items():
+        for group, samples in core(drain).tally.samples().items():
             for sample in samples[self._observed[group] :]:
                 self.histograms[group].observe(sample)
             self._observed[group] = len(samples)

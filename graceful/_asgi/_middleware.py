@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Never
 
 from prometheus_client import CollectorRegistry
 
+from .._drain._core import Duration
 from .._drain._environ import UNSET
 from .._drain._ledger import ERROR, NO_LIMIT
-from .._drain._options import DRAIN_OPTIONS
-from .._drain._state import Drain
+from .._drain._options import DRAIN_OPTIONS, Hook
+from .._drain._state import Drain, core
 from .._drain._status import SERVING, State
+from ._answers import json_response, probe_body
 from ._frames import FinalFrame
 from ._http import Call, peer_of, resumable
 from ._lifecycle import Lifecycle
-from ._options import MiddlewareConfig
-from ._refusal import REFUSAL, json_response, reject, reject_websocket
+from ._options import MIDDLEWARE_DECLARED, MiddlewareConfig
+from ._refusal import REFUSAL, reject, reject_websocket
 from ._shared import Shared
 from ._types import ASGIApp, Receive, Scope, Send
 
@@ -41,8 +42,10 @@ class GracefulMiddleware:
     new work until the propagation wait ends and refuses it with a retryable 503 after
     that (from the first instant with ``admit_during_propagation=False``), and counts
     every admitted request until its last frame has been handed to the server.
-    ``.drain`` is the process-wide :class:`Drain` (made here if not given);
-    drain options (``grace_period``, ``propagation_wait``, ...) go to that ``Drain``.
+    ``.drain`` is the process-wide :class:`Drain` (made here if not given); the drain
+    options (``grace_period`` to ``drain_on_sigterm``) go to that ``Drain``. Every option
+    not passed comes from its ``GRACEFUL_*`` variable, else its default
+    (docs/middleware.md, "Options").
 
     Place it *inside* authentication middleware so that only accepted work is counted.
     """
@@ -52,12 +55,12 @@ class GracefulMiddleware:
         app: ASGIApp,
         drain: Drain | None = None,
         *,
+        registry: CollectorRegistry | None = None,
         ready_path: str = UNSET,
         live_path: str = UNSET,
         startup_path: str = UNSET,
         exempt_paths: Iterable[str] = UNSET,
         metrics_path: str | None = UNSET,
-        registry: CollectorRegistry | None = None,
         retry_after: int = UNSET,
         max_in_flight: int | None = UNSET,
         reject_over: int | None = UNSET,
@@ -70,35 +73,32 @@ class GracefulMiddleware:
         socket_mode: int = UNSET,
         final_frame: FinalFrame = UNSET,
         announce_drain: bool = UNSET,
-        **drain_options: Any,
+        grace_period: Duration = UNSET,
+        reserve: Duration = UNSET,
+        drain_timeout: Duration = UNSET,
+        propagation_wait: Duration = UNSET,
+        propagation_quiet: Duration = UNSET,
+        admit_during_propagation: bool = UNSET,
+        handoff_streams: bool = UNSET,
+        on_drain_start: Hook | None = UNSET,
+        on_drained: Hook | None = UNSET,
+        hook_timeout: Duration = UNSET,
+        unwind_timeout: Duration = UNSET,
+        drain_on_sigterm: bool = UNSET,
+        **unknown: Never,
     ) -> None:
-        unknown = set(drain_options) - DRAIN_OPTIONS
         if unknown:
             raise TypeError(
                 f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; "
                 "see the option tables in docs/middleware.md"
             )
+        given = locals()
+        if not callable(app):
+            raise TypeError(f"GracefulMiddleware: app must be an ASGI application (a callable), got {app!r}")
         # An option not passed comes from its GRACEFUL_* variable, else its default, so a server that
         # loads the middleware by name (vllm serve --middleware) is configured by its environment.
-        options = MiddlewareConfig.resolve(
-            ready_path=ready_path,
-            live_path=live_path,
-            startup_path=startup_path,
-            exempt_paths=exempt_paths,
-            metrics_path=metrics_path,
-            retry_after=retry_after,
-            max_in_flight=max_in_flight,
-            reject_over=reject_over,
-            live_check=live_check,
-            fail_liveness=fail_liveness,
-            ready_on_startup=ready_on_startup,
-            request_id_header=request_id_header,
-            admin=admin,
-            socket_dir=socket_dir,
-            socket_mode=socket_mode,
-            final_frame=final_frame,
-            announce_drain=announce_drain,
-        )
+        options = MiddlewareConfig.resolve({name: given[name] for name in MIDDLEWARE_DECLARED}, os.environ)
+        drain_options = {name: given[name] for name in DRAIN_OPTIONS if given[name] is not UNSET}
         if drain is None:
             drain = Drain(**drain_options)
         elif drain_options:
@@ -108,9 +108,10 @@ class GracefulMiddleware:
             )
         self.app = app
         self.drain = drain
-        self.admissions = drain.admissions()  # the ledger's table, admitted into inline (see __call__)
-        self.live_check = options.live_check
-        self.fail_liveness = options.fail_liveness
+        self.core = inner = core(drain)
+        self.ledger = inner.ledger
+        self.admissions = inner.ledger.table  # the ledger's table, admitted into inline (see __call__)
+        self.options = options
         self.max_in_flight = options.max_in_flight if options.max_in_flight is not None else NO_LIMIT
         # None for no limit: the admission check is then one identity test (a comparison with a
         # large "no limit" int is not one of the interpreter's fast paths).
@@ -120,24 +121,23 @@ class GracefulMiddleware:
         self.current_task: Callable[[Any], asyncio.Task[Any] | None] = self._detect_loop
         self.loop: asyncio.AbstractEventLoop | None = None
 
-        from ._metrics import MultiprocessMirror, multiprocess_dir, register
+        from ._metrics import MultiprocessMirror, register
 
         self.registry = register(drain, registry)
+        # prometheus-client's multi-process mode needs the counters copied to its files.
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
         self.shared = Shared(
             app=app,
             drain=drain,
+            core=inner,
+            ledger=inner.ledger,
+            options=options,
             retry_after=str(options.retry_after).encode(),
             request_id_header=options.request_id_header.lower().encode() if options.request_id_header else None,
             id_prefix=f"{os.getpid():x}-{os.urandom(3).hex()}-".encode(),
             ids=itertools.count(1),
             final_frame=options.final_frame,
-            announce_drain=options.announce_drain,
-            ready_on_startup=options.ready_on_startup,
-            admin=options.admin,
-            socket_dir=options.socket_dir,
-            socket_mode=options.socket_mode,
-            # prometheus-client's multi-process mode needs the counters copied to its files.
-            mirror=MultiprocessMirror(drain) if multiprocess_dir() else None,
+            mirror=MultiprocessMirror(drain) if self.multiprocess_dir else None,
             lifecycle=Lifecycle(drain, ready_on_startup=options.ready_on_startup, admin=options.admin),
         )
         self.lifecycle = self.shared.lifecycle
@@ -174,7 +174,7 @@ class GracefulMiddleware:
             # skips the slower method-call path. It is asyncio's C lookup (see _task_getter).
             current_task = self.current_task
             call.task = task = current_task(self.loop)
-            call.ledger = drain
+            call.ledger = self.ledger
             call.open = True
             call.shared = self.shared
             call.scope = scope
@@ -230,12 +230,13 @@ class GracefulMiddleware:
         """
         drain = self.drain
         if drain.state is not SERVING:
-            self.lifecycle.arrived()  # with no lifespan running, this serves it, as the unwrapped app would
+            # With no lifespan running, this serves it, as the unwrapped app would.
+            self.lifecycle.serve_without_lifespan()
             if drain.state is not SERVING and (
-                not drain.admit_arrival(peer_of(scope))
+                not self.core.admit_arrival(peer_of(scope))
                 # Once streams are handed off, a resumable one would be handed off as soon as it
                 # started (it comes on a kept-alive connection): its client goes elsewhere at once.
-                or (drain.handing_off and scope["type"] == "http" and resumable(scope))
+                or (self.core.handing_off and scope["type"] == "http" and resumable(scope))
             ):
                 return REFUSAL[drain.state]
         limit = self.reject_over
@@ -244,7 +245,7 @@ class GracefulMiddleware:
         return None
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-        self.drain.count_rejected(reason)
+        self.core.count_rejected(reason)
         if scope["type"] == "websocket":
             await reject_websocket(self.shared, scope, receive, send, reason)
         else:
@@ -255,34 +256,35 @@ class GracefulMiddleware:
     async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
         drain = self.drain
         if drain.state is not SERVING:
-            self.lifecycle.arrived()
+            self.lifecycle.serve_without_lifespan()
         ok = drain.state is SERVING and drain.in_flight < self.max_in_flight
-        await json_response(send, 200 if ok else 503, _probe_body(drain, ok), self.shared.drain_headers())
+        await json_response(send, 200 if ok else 503, probe_body(drain, ok), self.shared.announce())
 
     async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:
         ok = True
-        if self.fail_liveness and self.drain.state is State.FAILED:
+        live_check = self.options.live_check
+        if self.options.fail_liveness and self.drain.state is State.FAILED:
             ok = False  # the engine has died: let the kubelet restart the container
-        elif self.live_check is not None:
+        elif live_check is not None:
             try:
-                ok = bool(self.live_check())
+                ok = bool(live_check())
             except Exception:
                 logger.exception("live_check raised; reporting not live")
                 ok = False
-        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok), self.shared.drain_headers())
+        await json_response(send, 200 if ok else 503, probe_body(self.drain, ok), self.shared.announce())
 
     async def _startup(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.drain.state is not SERVING:
-            self.lifecycle.arrived()
+            self.lifecycle.serve_without_lifespan()
         ok = self.drain.state is not State.STARTING
-        await json_response(send, 200 if ok else 503, _probe_body(self.drain, ok), self.shared.drain_headers())
+        await json_response(send, 200 if ok else 503, probe_body(self.drain, ok), self.shared.announce())
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         from ._metrics import render
 
         if self.shared.mirror is not None:
             self.shared.mirror.sync()
-        body, content_type = render(self.registry)
+        body, content_type = render(self.registry, self.multiprocess_dir)
         await send(
             {
                 "type": "http.response.start",
@@ -290,7 +292,7 @@ class GracefulMiddleware:
                 "headers": [
                     (b"content-type", content_type.encode()),
                     (b"content-length", b"%d" % len(body)),
-                    *self.shared.drain_headers(),
+                    *self.shared.announce(),
                 ],
             }
         )
@@ -323,7 +325,3 @@ def _task_getter() -> tuple[Callable[[Any], asyncio.Task[Any] | None], bool]:
 
 def _no_task(loop: Any) -> None:
     return None
-
-
-def _probe_body(drain: Drain, ok: bool) -> bytes:
-    return json.dumps({"ok": ok, "state": drain.state.value, "in_flight": drain.in_flight}).encode()

@@ -1,4 +1,4 @@
-"""Refusals: the answer to a request or WebSocket that the app never saw, and the small JSON responses.
+"""Refusals: the answer to a request or WebSocket that the app never saw.
 
 One refusal for HTTP and WebSocket alike: a 503 with ``retry-after`` (the ``retry_after``
 option), ``x-graceful-not-started: 1`` and the request id when one is echoed, and a JSON
@@ -10,11 +10,11 @@ Later). Which requests are refused is decided in one place, the middleware's adm
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 import anyio
 
 from .._drain._status import State
+from ._answers import json_response
 from ._shared import Shared
 from ._types import Receive, Scope, Send
 
@@ -24,7 +24,6 @@ __all__ = [
     "REFUSAL",
     "REFUSAL_BODY_LIMIT",
     "TRY_AGAIN_LATER",
-    "json_response",
     "reject",
     "reject_websocket",
     "request_id",
@@ -60,22 +59,6 @@ _MESSAGES = {
 }
 
 
-async def json_response(send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", b"%d" % len(body)),
-                (b"cache-control", b"no-store"),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
 def request_id(shared: Shared, scope: Scope) -> bytes:
     wanted = shared.request_id_header
     for name, value in scope["headers"]:
@@ -87,7 +70,7 @@ def request_id(shared: Shared, scope: Scope) -> bytes:
 def _refusal(shared: Shared, scope: Scope, reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The body and headers of a refusal, for HTTP and the WebSocket denial alike."""
     body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
-    headers = [(b"retry-after", shared.retry_after), (NOT_STARTED_HEADER, b"1"), *shared.drain_headers()]
+    headers = [(b"retry-after", shared.retry_after), (NOT_STARTED_HEADER, b"1"), *shared.announce()]
     if shared.request_id_header is not None:
         headers.append((shared.request_id_header, request_id(shared, scope)))
     return body, headers

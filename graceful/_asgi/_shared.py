@@ -1,7 +1,8 @@
 """What one middleware shares with the requests, sockets and lifespans it runs.
 
-Its options as the helpers read them, and the live objects behind them: the app, the
-process's ``Drain``, the request-id counter, the lifecycle and the metrics mirror. The
+Its options (``MiddlewareConfig``, and the header values made from them once), and the live
+objects behind them: the app, the process's ``Drain`` (its internal face and ledger too), the
+request-id counter, the lifecycle and the metrics mirror. The
 record itself never changes after the middleware is built; the objects it holds do.
 """
 
@@ -11,10 +12,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._drain._core import Core
+from .._drain._ledger import Ledger
 from .._drain._state import Drain
 from .._drain._status import SERVING, State
 from ._frames import FinalFrame
 from ._lifecycle import Lifecycle
+from ._options import MiddlewareConfig
 from ._types import ASGIApp
 
 if TYPE_CHECKING:
@@ -35,28 +39,26 @@ class Shared:
 
     app: ASGIApp
     drain: Drain
+    core: Core  # the drain's internal face
+    ledger: Ledger  # the drain's ledger of work in flight
+    options: MiddlewareConfig
     retry_after: bytes  # the Retry-After value of refusals
     request_id_header: bytes | None  # lower-case; None: no request-id echo
     id_prefix: bytes  # request ids made here are id_prefix + the next of ids
     ids: Iterator[int]
     final_frame: FinalFrame
-    announce_drain: bool
-    ready_on_startup: bool
-    admin: bool
-    socket_dir: str | None
-    socket_mode: int
     mirror: MultiprocessMirror | None
     lifecycle: Lifecycle  # whether a lifespan runs, and the rule for requests without one
 
-    def drain_headers(self) -> tuple[tuple[bytes, bytes], ...]:
-        """The headers a response gets once the drain has begun: its announcement, or () (off the hot path).
+    def announce(self) -> tuple[tuple[bytes, bytes], ...]:
+        """Announce the drain in a response: record the announcement (the drain's result keeps the
+        first) and return the headers that carry it, or () before the drain (off the hot path).
 
         Every response the middleware sends or passes on from the drain's start (or the engine's
-        failure) carries it: the admitted requests', the refusals and the probes'. The drain's result
-        keeps the first.
+        failure) carries it: the admitted requests', the refusals and the probes'.
         """
         drain = self.drain
-        if not self.announce_drain or drain.state is SERVING or drain.state is State.STARTING:
+        if not self.options.announce_drain or drain.state is SERVING or drain.state is State.STARTING:
             return ()
-        drain.record_announcement()
+        self.core.record_announcement()
         return ANNOUNCEMENT

@@ -36,7 +36,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from .._drain._state import Drain
+from .._drain._state import Drain, core
 from .._drain._status import State
 from ._stop import FIRST, FORCE, HANDLED_SIGNALS, REPEAT_WINDOW, StopSignals
 
@@ -261,12 +261,13 @@ class SignalDrain:
             undo()
 
     async def _cut(self, drain: Drain) -> None:
-        items = drain.items()
+        ledger = core(drain).ledger
+        items = ledger.items()
         logger.warning("forced exit: ending %d request(s) in flight", len(items))
         async with anyio.create_task_group() as tg:
             for item in items:
                 if item.open:
-                    drain.count_truncated("forced_exit")
+                    ledger.count_truncated("forced_exit")
                     tg.start_soon(item.cut)
 
 

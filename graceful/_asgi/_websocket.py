@@ -26,7 +26,7 @@ class _Socket(Tracked):
     last = b""  # a session counts as a stream in the durations, whatever it sent
 
     def __init__(self, shared: Shared, scope: Scope, receive: Receive, send: Send) -> None:
-        super().__init__(shared.drain)
+        super().__init__(shared.ledger)
         self.shared = shared
         self.scope = scope
         self._receive = receive
@@ -35,7 +35,7 @@ class _Socket(Tracked):
         self.accepted = False
 
     async def run(self) -> None:
-        self.shared.drain.admit_item(self)
+        self.shared.ledger.admit_item(self)
         outcome = ERROR
         try:
             with anyio.CancelScope() as self.cancel_scope:

@@ -17,11 +17,13 @@ import anyio
 import click
 
 from .._admin._client import NoServer, discover, request_all
+from .._admin._wire import Field
 from .._drain._advice import Advice, Evidence, advise
 from .._drain._budget import Budget
 from .._drain._durations import default_reserve, parse_duration
 from .._drain._errors import ConfigError
 from .._drain._observed import KINDS, Histogram, ObservationError
+from .._drain._options import DrainConfig
 from ._drain import EXIT_LEFTOVER, EXIT_NO_SERVER, EXIT_OK, EXIT_USAGE
 
 __all__ = [
@@ -107,20 +109,20 @@ def evidence_from(bodies: list[dict[str, Any]]) -> tuple[Evidence, dict[str, Any
     now = time.time()
     since, until, propagation = now, 0.0, list[float]()
     for body in bodies:
-        durations = body.get("durations")
-        if not isinstance(durations, dict) or "bounds" not in durations:
-            raise Problem(f"worker {body.get('pid', '?')} reports no request durations: upgrade its graceful")
+        durations = body.get(Field.DURATIONS)
+        if not isinstance(durations, dict) or Field.BOUNDS not in durations:
+            raise Problem(f"worker {body.get(Field.PID, '?')} reports no request durations: upgrade its graceful")
         try:
             for kind in KINDS:
-                seen = Histogram.from_dict(durations["bounds"], durations.get(kind) or {})
+                seen = Histogram.from_dict(durations[Field.BOUNDS], durations.get(kind) or {})
                 histograms[kind] = histograms[kind].merged(seen) if kind in histograms else seen
-            since = min(since, float(durations.get("since") or since))
-            until = max(until, float(durations.get("until") or now))
-            propagation.extend(float(p) for p in body.get("propagation") or ())
+            since = min(since, float(durations.get(Field.SINCE) or since))
+            until = max(until, float(durations.get(Field.UNTIL) or now))
+            propagation.extend(float(p) for p in body.get(Field.PROPAGATION) or ())
         except (ObservationError, AttributeError, TypeError, ValueError) as exc:
-            raise Problem(f"worker {body.get('pid', '?')}: unreadable durations ({exc})") from None
+            raise Problem(f"worker {body.get(Field.PID, '?')}: unreadable durations ({exc})") from None
     workers = f"{len(bodies)} worker{'s' if len(bodies) != 1 else ''}"
-    return Evidence(histograms, until - since, tuple(propagation), workers), dict(bodies[0].get("budget") or {})
+    return Evidence(histograms, until - since, tuple(propagation), workers), dict(bodies[0].get(Field.BUDGET) or {})
 
 
 def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str | None) -> Evidence:
@@ -273,7 +275,9 @@ def run_advise(
         click.echo(f"graceful advise: {exc}", err=True)
         return exc.code if isinstance(exc, Problem) else EXIT_USAGE
     admit = (
-        in_force.get("admit_during_propagation", True) if admit_during_propagation is None else admit_during_propagation
+        in_force.get("admit_during_propagation", DrainConfig.admit_during_propagation)
+        if admit_during_propagation is None
+        else admit_during_propagation
     )
     advice = advise(evidence, budget, admit=bool(admit), max_grace=longest, reserve_given=reserve_given)
     verdict = advice.verdict(share)

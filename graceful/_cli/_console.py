@@ -1,7 +1,7 @@
 """The ``graceful`` console script (and ``python -m graceful``): exit as soon as the work is done.
 
 A preStop hook's start-up and exit count against the grace period. ``graceful drain`` in its
-common forms runs without importing click (see ``_cli_drain``); every other command line goes
+common forms runs without importing click (see ``_drain``); every other command line goes
 to the click CLI. Interpreter teardown (collecting every imported module) measured hundreds of
 ms on a busy node, and the answer is already printed by then, so the script skips it.
 """

@@ -18,8 +18,10 @@ import time
 from collections.abc import Mapping
 
 from .._admin._client import NoServer, WorkerDrain, discover, drain_all
-from .._drain._durations import check_quiet, check_wait, drain_limit, parse_duration, resolve_grace, resolve_reserve
+from .._admin._wire import Field, Value
+from .._drain._durations import FLAGS, check_quiet, default_reserve, judge_drain, parse_duration, resolve_grace
 from .._drain._errors import ConfigError
+from .._drain._names import variable
 
 # typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
 TYPE_CHECKING = False
@@ -68,7 +70,7 @@ def read_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> dict[
     or a flag, with values that parse; the caller then hands the command line to click.
     """
     args: dict[str, Any] = {
-        "socket_dir": environ.get("GRACEFUL_SOCKET_DIR") or None,
+        "socket_dir": environ.get(variable("socket_dir")) or None,
         "socket": None,
         "propagation_wait": None,
         "propagation_quiet": None,
@@ -131,29 +133,21 @@ def run_drain(
             check_quiet(propagation_quiet, math.inf if propagation_wait is None else propagation_wait)
         except ConfigError as exc:
             raise UsageProblem(str(exc)) from None
-    grace_binds = False
-    if grace_period is not None:
-        # The preStop hook shares terminationGracePeriodSeconds with everything after it:
-        # the drain gets grace_period - reserve at most (the same rule as the server's).
+    if grace_period is not None or timeout is not None:
+        # The preStop hook shares terminationGracePeriodSeconds with everything after it: the drain
+        # gets grace_period - reserve at most (sent to the servers as the drain's timeout), judged by the
+        # server's own rule before any server is contacted (the deadline would come before the
+        # balancers have stopped sending).
         try:
-            grace = resolve_grace(grace_period)
-            given_timeout = timeout
-            timeout = drain_limit(grace, resolve_reserve(grace, None), timeout)
-            grace_binds = given_timeout is None or timeout < given_timeout
-        except ConfigError as exc:
-            raise UsageProblem(str(exc)) from None
-    if propagation_wait is not None and timeout is not None:
-        # The budget rule, the server's own (check_wait): the deadline would come before the
-        # balancers have stopped sending, so no drain can succeed.
-        if grace_period is not None and grace_binds:
-            bound, fix = (
-                f"--grace-period {grace_period:g}s leaves the drain {timeout:g}s after the reserve",
-                "--grace-period",
+            grace = None if grace_period is None else resolve_grace(grace_period)
+            timeout = judge_drain(
+                propagation_wait,
+                grace=grace,
+                reserve=0.0 if grace is None else default_reserve(grace),
+                drain_timeout=None,
+                timeout=timeout,
+                voice=FLAGS,
             )
-        else:
-            bound, fix = f"--timeout is {timeout:g}s", "--timeout"
-        try:
-            check_wait(propagation_wait, timeout, wait_name="--propagation-wait", bound=bound, fix=f"raise {fix}")
         except ConfigError as exc:
             raise UsageProblem(str(exc)) from None
     started = time.monotonic()
@@ -191,7 +185,7 @@ def _say(line: str, *, out: bool = False) -> None:
 
 def _conclude(workers: list[WorkerDrain], started: float, *, quiet: bool, json_output: bool) -> int:
     live = [w for w in workers if w.reachable]
-    ok = all(w.result is not None and w.result.get("result") == "drained" for w in live)
+    ok = all(w.result is not None and w.result.get(Field.RESULT) == Value.DRAINED for w in live)
     if json_output:
         outcome = {"result": "drained" if ok else "timeout", "workers": [w.as_dict() for w in live]}
         _say(json.dumps(outcome), out=True)
@@ -237,8 +231,8 @@ def _outlook_line(worker: WorkerDrain) -> tuple[str, int]:
         return "", 0
     name = f"worker {worker.pid}" if worker.pid else worker.path
     try:
-        in_flight, left, seen = int(ahead["in_flight"]), float(ahead["left"]), int(ahead["seen"])
-        at_risk, expected = int(ahead["at_risk"]), float(ahead["expected"])
+        in_flight, left, seen = int(ahead[Field.IN_FLIGHT]), float(ahead[Field.LEFT]), int(ahead[Field.SEEN])
+        at_risk, expected = int(ahead[Field.AT_RISK]), float(ahead[Field.EXPECTED])
     except (KeyError, TypeError, ValueError):
         return "", 0  # a server's outlook this hook cannot read: the drain goes on without the line
     start = f"{name}: {in_flight} in flight at the drain's start, {left:.0f} s to the deadline"
@@ -256,13 +250,13 @@ def _outlook_line(worker: WorkerDrain) -> tuple[str, int]:
 
 
 def _propagation_note(result: dict[str, Any]) -> str:
-    propagation, last = result.get("propagation"), result.get("last_request")
+    propagation, last = result.get(Field.PROPAGATION), result.get(Field.LAST_REQUEST)
     if not isinstance(propagation, (int, float)):
         return ""
     notes = [f"propagation phase {propagation:.1f} s"]
-    if result.get("propagation_ended_by") == "quiet":
+    if result.get(Field.PROPAGATION_ENDED_BY) == Value.QUIET:
         notes.append("ended by the quiet rule")
-    announced = result.get("announced")
+    announced = result.get(Field.ANNOUNCED)
     if isinstance(announced, (int, float)):
         notes.append(f"announced at {announced:.1f} s")
     notes.append(f"last new request at {last:.1f} s" if isinstance(last, (int, float)) else "no new request")
@@ -276,17 +270,17 @@ def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
         result = worker.result
         if result is None:
             lines.append(f"{name}: {worker.error}")
-        elif result.get("result") == "drained":
-            handed = result.get("handed_off") or 0
+        elif result.get(Field.RESULT) == Value.DRAINED:
+            handed = result.get(Field.HANDED_OFF) or 0
             note = f"; {handed} stream{'s' if handed != 1 else ''} handed off" if handed else ""
-            lines.append(f"{name}: drained in {result.get('duration', 0):.1f} s{_propagation_note(result)}{note}")
+            lines.append(f"{name}: drained in {result.get(Field.DURATION, 0):.1f} s{_propagation_note(result)}{note}")
         else:
-            ended = result.get("truncated", 0)
+            ended = result.get(Field.TRUNCATED, 0)
             lines.append(
-                f"{name}: {result.get('result')} with {result.get('in_flight', 0)} in flight; "
+                f"{name}: {result.get(Field.RESULT)} with {result.get(Field.IN_FLIGHT, 0)} in flight; "
                 f"{ended} ended at the deadline (streams got a final retryable error event)"
             )
-            lines.extend(f"  left: {item}" for item in result.get("leftover") or [])
-    drained = sum(1 for w in workers if w.result is not None and w.result.get("result") == "drained")
+            lines.extend(f"  left: {item}" for item in result.get(Field.LEFTOVER) or [])
+    drained = sum(1 for w in workers if w.result is not None and w.result.get(Field.RESULT) == Value.DRAINED)
     lines.append(f"drained {drained} of {len(workers)} worker{'s' if len(workers) != 1 else ''} in {elapsed:.1f} s")
     return lines

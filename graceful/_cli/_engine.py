@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import click
 
-from .._drain._durations import env_duration
+from .._drain._environ import duration, variable
 from .._drain._errors import ConfigError
 from .._engine._config import GRACE_SHARE, EngineConfig, EngineDrainResult, EngineProgress
 from .._engine._wait import REFUSED_READS, poll
@@ -78,11 +78,16 @@ def _env_fallbacks(
     """
     kthena = any(os.environ.get(var, "").strip() for var in ("DRAIN_TIMEOUT", "GRACE_SECONDS"))
     if timeout is None:
-        timeout = env_duration("DRAIN_TIMEOUT")
-    for var in ("GRACEFUL_GRACE_PERIOD", "GRACE_SECONDS"):
+        timeout = _env_duration("DRAIN_TIMEOUT")
+    for var in (variable("grace_period"), "GRACE_SECONDS"):
         if grace_period is None:
-            grace_period = env_duration(var)
+            grace_period = _env_duration(var)
     return timeout, grace_period, GRACE_SHARE if kthena else None
+
+
+def _env_duration(var: str) -> float | None:
+    raw = os.environ.get(var, "").strip()
+    return duration(var, raw) if raw else None
 
 
 def run_engine_drain(*, quiet: bool, json_output: bool, **settings: Any) -> int:

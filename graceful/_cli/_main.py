@@ -7,63 +7,46 @@ Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
 from __future__ import annotations
 
 import json
-import sys
 import time
-from typing import Any, NoReturn
+from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from .._admin._client import NoServer, discover, request_all
-from .._drain._durations import parse_duration
-from .._drain._errors import ConfigError
-from ._drain import BOTH_SOCKETS, EXIT_NO_SERVER, EXIT_USAGE, UsageProblem, run_drain
+from .._admin._wire import Field, Value
+from .._drain._names import variable
+from ._drain import BOTH_SOCKETS, EXIT_NO_SERVER, UsageProblem, run_drain
+from ._params import DURATION, fail
 
 __all__ = ["cli", "drain_command", "main"]
 
 ENGINES = ("vllm", "sglang", "tgi", "triton")
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-# Above the 60 s for which nginx, AWS ALB and most gateways keep an idle upstream
-# connection: a server that closes first races the balancer's next request on it (a 502).
-DEFAULT_KEEP_ALIVE = 75
 
-
-class Duration(click.ParamType[float]):
-    """``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds."""
-
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_duration(value, name=param.name if param and param.name else "duration")
-        except ConfigError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-DURATION = Duration()
 
 socket_dir_option = click.option(
     "--socket-dir",
-    envvar="GRACEFUL_SOCKET_DIR",
+    envvar=variable("socket_dir"),
     type=click.Path(file_okay=False),
-    help="Directory of the worker sockets [env GRACEFUL_SOCKET_DIR; default <tmp>/graceful-<uid>].",
+    help=f"Directory of the worker sockets [env {variable('socket_dir')}; default <tmp>/graceful-<uid>].",
 )
 socket_option = click.option("--socket", type=click.Path(dir_okay=False), help="Talk to this one socket only.")
 
 
 class _Commands(click.Group):
-    """Loads ``soak`` only when it is asked for: the preStop hook must not pay for its imports."""
+    """Loads ``run`` and ``soak`` only when they are asked for: the preStop hook must not pay for their imports."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), "soak"])
+        return sorted([*super().list_commands(ctx), "run", "soak"])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "soak":
             from ._soak import soak_command
 
             return soak_command
+        if cmd_name == "run":
+            from ._run import run_command
+
+            return run_command
         return super().get_command(ctx, cmd_name)
 
 
@@ -102,10 +85,10 @@ def drain_command(ctx: click.Context, /, **options: Any) -> None:
     """Drain every worker and wait until nothing is in flight (for a preStop hook)."""
     engine = {name: options.pop(name) for name in ENGINE_ONLY}
     if options["socket_dir"] and options["socket"]:
-        _fail(ctx, BOTH_SOCKETS)
+        fail(ctx, BOTH_SOCKETS)
     if engine["engine"] is not None or engine["metrics_url"] is not None or engine["metrics"]:
         if options["propagation_quiet"] is not None:
-            _fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
+            fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
         # Engine mode reads the hook's environment itself (kthena's names bring their 70% rule): raw options.
         from ._engine import run_engine_drain
 
@@ -114,7 +97,7 @@ def drain_command(ctx: click.Context, /, **options: Any) -> None:
     try:
         code = run_drain(**options)
     except UsageProblem as exc:
-        _fail(ctx, str(exc))
+        fail(ctx, str(exc))
     ctx.exit(code)
 
 
@@ -131,10 +114,10 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
         return
     click.echo(f"{'PID':>8}  {'STATE':<9} {'IN FLIGHT':>9}  SINCE")
     for body in answers.values():
-        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(body["since"])))
-        failure = body.get("failure")
-        cause = f"  {failure['reason']}: {failure['detail']}" if isinstance(failure, dict) else ""
-        click.echo(f"{body['pid']:>8}  {body['state']:<9} {body['in_flight']:>9}  {since}{cause}")
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(body[Field.SINCE])))
+        failure = body.get(Field.FAILURE)
+        cause = f"  {failure[Field.REASON]}: {failure[Field.DETAIL]}" if isinstance(failure, dict) else ""
+        click.echo(f"{body[Field.PID]:>8}  {body[Field.STATE]:<9} {body[Field.IN_FLIGHT]:>9}  {since}{cause}")
 
 
 @cli.command("advise")
@@ -180,7 +163,7 @@ def advise_command(ctx: click.Context, /, **options: Any) -> None:
     from ._advise import run_advise
 
     if options["socket_dir"] and options["socket"]:
-        _fail(ctx, BOTH_SOCKETS)
+        fail(ctx, BOTH_SOCKETS)
     ctx.exit(run_advise(**options))
 
 
@@ -193,13 +176,14 @@ def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
     answers = _ask(ctx, socket_dir, socket, "POST", "/resume")
     failed = 0
     for body in answers.values():
-        click.echo(f"worker {body.get('pid', '?')}: {body['state']}" + (" (resumed)" if body["resumed"] else ""))
-        failure = body.get("failure")
-        if body["state"] == "FAILED" and isinstance(failure, dict):
+        worker, state = body.get(Field.PID, "?"), body[Field.STATE]
+        click.echo(f"worker {worker}: {state}" + (" (resumed)" if body[Field.RESUMED] else ""))
+        failure = body.get(Field.FAILURE)
+        if state == Value.FAILED and isinstance(failure, dict):
             failed += 1
             click.echo(
-                f"graceful resume: worker {body.get('pid', '?')} has failed ({failure['reason']}: "
-                f"{failure['detail']}) and is not resumed; restart it",
+                f"graceful resume: worker {worker} has failed ({failure[Field.REASON]}: "
+                f"{failure[Field.DETAIL]}) and is not resumed; restart it",
                 err=True,
             )
     if failed:
@@ -208,7 +192,7 @@ def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
 
 def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:
     if socket_dir and socket:
-        _fail(ctx, BOTH_SOCKETS)
+        fail(ctx, BOTH_SOCKETS)
     try:
         paths = discover(socket_dir, socket)
         answers = request_all(paths, method, url)
@@ -220,81 +204,6 @@ def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method:
         click.echo("graceful: no graceful server found: nothing is listening on " + ", ".join(paths), err=True)
         ctx.exit(EXIT_NO_SERVER)
     return live
-
-
-def _fail(ctx: click.Context, message: str) -> NoReturn:
-    click.echo(f"graceful: {message}", err=True)
-    ctx.exit(EXIT_USAGE)
-
-
-@cli.command("run")
-@click.argument("app")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind to this address.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Bind to this port.")
-@click.option("--uds", default=None, help="Bind to this Unix socket instead of host and port.")
-@click.option(
-    "--app-dir",
-    default=".",
-    show_default=True,
-    help="Look for APP's module in this directory first (as uvicorn does): the current one by default.",
-)
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
-@click.option("--socket-dir", envvar="GRACEFUL_SOCKET_DIR", default=None, help="Admin socket directory.")
-@click.option("--grace-period", type=DURATION, help="terminationGracePeriodSeconds [env GRACEFUL_GRACE_PERIOD; 30].")
-@click.option("--propagation-wait", type=DURATION, help="Keep serving this long after going unready [0].")
-@click.option(
-    "--propagation-quiet",
-    type=DURATION,
-    help="End the propagation wait once no new request has come for this long [env GRACEFUL_PROPAGATION_QUIET].",
-)
-@click.option("--drain-timeout", type=DURATION, help="Cap on the drain, below grace period - reserve.")
-@click.option("--reserve", type=DURATION, help="Part of the grace period kept for exit [max(30%, min(10s, half))].")
-@click.option(
-    "--admit-during-propagation/--no-admit-during-propagation",
-    default=True,
-    show_default=True,
-    help="Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start).",
-)
-@click.option(
-    "--handoff-streams/--no-handoff-streams",
-    default=None,
-    help="After the propagation wait, end resumable SSE streams for their clients to continue elsewhere "
-    "[env GRACEFUL_HANDOFF_STREAMS; off].",
-)
-@click.option(
-    "--timeout-keep-alive",
-    type=click.IntRange(min=1, max=24 * 3600),
-    default=DEFAULT_KEEP_ALIVE,
-    show_default=True,
-    help="Seconds an idle keep-alive connection stays open; keep it above the balancer's idle timeout.",
-)
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
-@click.pass_context
-def run_command(
-    ctx: click.Context,
-    /,
-    app: str,
-    app_dir: str,
-    workers: int,
-    log_level: str,
-    timeout_keep_alive: int,
-    **values: Any,
-) -> None:
-    """Run APP (module:attr) under uvicorn, draining on SIGTERM."""
-    from .._serve._server import serve  # uvicorn is only needed here: keep `graceful drain` quick to start
-
-    sys.path.insert(0, app_dir)  # as uvicorn's --app-dir: `graceful run myapp:app` finds ./myapp.py
-
-    # What goes to uvicorn.Config rather than to the drain.
-    server: dict[str, Any] = {key: values.pop(key) for key in ("host", "port", "uds")}
-    server["timeout_keep_alive"] = timeout_keep_alive
-    options = {k: v for k, v in values.items() if v is not None}
-    explicit = frozenset(name for name in values if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT)
-    try:
-        code = serve(app, options, explicit, workers=workers, log_level=log_level, **server)
-    except ConfigError as exc:
-        _fail(ctx, str(exc))
-    ctx.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

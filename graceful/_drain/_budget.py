@@ -9,24 +9,24 @@ at most, where the reserve is left for sidecars, log flushing and exit.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ._durations import (
     DEFAULT_GRACE_PERIOD,
     check_quiet,
-    check_wait,
+    default_reserve,
     drain_limit,
-    env_duration,
+    judge_drain,
     parse_duration,
     resolve_grace,
     resolve_reserve,
 )
-from ._environ import optional_duration, variable
+from ._environ import UNSET, declared, duration, from_environ, option, optional_duration, variable
 from ._errors import ConfigError
 
-__all__ = ["DEFAULT_GRACE_PERIOD", "Budget", "ConfigError", "check_quiet", "env_duration", "parse_duration"]
+__all__ = ["DEFAULT_GRACE_PERIOD", "Budget", "ConfigError", "check_quiet", "parse_duration"]
 
 
 @dataclass(frozen=True)
@@ -34,57 +34,73 @@ class Budget:
     """How long a drain may take, derived from the pod's grace period.
 
     ``limit`` is ``min(drain_timeout, grace_period - reserve)``: the time from drain
-    start to the deadline.
+    start to the deadline. Its fields are the budget's options, each declared here once.
     """
 
-    grace_period: float
-    reserve: float
-    drain_timeout: float | None
-    propagation_wait: float
-    propagation_quiet: float | None = None
+    grace_period: float = option(
+        DEFAULT_GRACE_PERIOD, duration, "a duration (`120`, `2m`)", "the pod's `terminationGracePeriodSeconds`"
+    )
+    reserve: float = option(
+        None,
+        duration,
+        "a duration",
+        "left after the deadline for sidecars, log flush and exit",
+        shown="30% of grace, ≥ 10 s",
+    )
+    drain_timeout: float | None = option(
+        None, optional_duration, "a duration, or `none`", "an upper bound on the drain, below `grace_period − reserve`"
+    )
+    propagation_wait: float = option(
+        0.0,
+        duration,
+        "a duration",
+        "minimum drain time, for endpoint removal to reach every balancer (with `propagation_quiet`: the upper bound)",
+    )
+    propagation_quiet: float | None = option(
+        None,
+        optional_duration,
+        "a duration, or `none`",
+        "end the propagation wait early once no new request has arrived for this long (see below)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.reserve is None:  # not given: the default rule
+            object.__setattr__(self, "reserve", default_reserve(self.grace_period))
 
     @classmethod
-    def resolve(
-        cls,
-        *,
-        grace_period: float | str | None = None,
-        reserve: float | str | None = None,
-        drain_timeout: float | str | None = None,
-        propagation_wait: float | str = 0.0,
-        propagation_quiet: float | str | None = None,
-        from_variables: Mapping[str, str] | None = None,
-    ) -> Budget:
-        """Build a budget from options, falling back to ``GRACEFUL_GRACE_PERIOD`` and
-        ``GRACEFUL_PROPAGATION_QUIET``.
+    def resolve(cls, *, environ: Mapping[str, str] | None = None, **given: Any) -> Budget:
+        """Build a budget from options (durations as numbers or strings; None or ``UNSET`` for not
+        given), filling what is not given from the variables in ``environ`` (none unless passed),
+        else from the declared defaults.
 
         Raises :class:`ConfigError` for negative or malformed values, for a reserve
         larger than the grace period, for a ``propagation_wait`` longer than the limit
         (``check_wait``) and for a ``propagation_quiet`` that is 0 or longer than a
         configured ``propagation_wait``. With no ``propagation_wait``
-        here (0), the quiet rule waits for a drain request that brings one.
-        ``from_variables`` maps the options that a caller read from their variables
-        to the text they held, so that the quiet rule's errors name the variable (the
-        readers of the variables name it in their own errors).
+        here (0), the quiet rule waits for a drain request that brings one. Errors about
+        a value read from a variable name the variable.
         """
-        sources = {} if from_variables is None else from_variables
-        grace = resolve_grace(grace_period)
-        res = resolve_reserve(grace, reserve)
-        timeout = None if drain_timeout is None else parse_duration(drain_timeout, name="drain_timeout")
-        wait = parse_duration(propagation_wait, name="propagation_wait")
-        quiet_variable = variable("propagation_quiet")
-        if propagation_quiet is None:
-            raw = os.environ.get(quiet_variable, "").strip()
-            quiet = optional_duration(quiet_variable, raw) if raw else None
-            sources = {**sources, "propagation_quiet": raw}
-        else:
-            quiet = parse_duration(propagation_quiet, name="propagation_quiet")
+        table = declared(cls)
+        unknown = set(given) - set(table)
+        if unknown:
+            raise TypeError(f"unknown budget option(s) {sorted(unknown)}; the options are {sorted(table)}")
+        passed = {name: value for name, value in given.items() if value is not None and value is not UNSET}
+        found, sources = from_environ(table, (name for name in table if name not in passed), environ or {})
+        values = {name: default for name, (default, _) in table.items()} | found | passed
+        grace = resolve_grace(values["grace_period"])
+        res = resolve_reserve(grace, values["reserve"])
+        timeout = values["drain_timeout"]
+        timeout = None if timeout is None else parse_duration(timeout, name="drain_timeout")
+        wait = parse_duration(values["propagation_wait"], name="propagation_wait")
+        quiet = values["propagation_quiet"]
         if quiet is not None:
             if "propagation_quiet" in sources:
-                given: object = sources["propagation_quiet"]
-                source = f"environment variable {quiet_variable}"
+                shown: object = sources["propagation_quiet"]
+                source = f"environment variable {variable('propagation_quiet')}"
             else:
-                given, source = propagation_quiet, ""
-            check_quiet(quiet, wait if wait > 0 else math.inf, given=given, source=source)
+                shown, source = quiet, ""
+                quiet = parse_duration(quiet, name="propagation_quiet")
+            check_quiet(quiet, wait if wait > 0 else math.inf, given=shown, source=source)
         budget = cls(
             grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait, propagation_quiet=quiet
         )
@@ -94,7 +110,7 @@ class Budget:
     def check_wait(
         self, wait: float, *, timeout: float | None = None, from_variables: Mapping[str, str] | None = None
     ) -> float:
-        """The budget rule (``check_wait``) for a wait, against this budget's limit shortened by a
+        """The budget rule (``judge_drain``) for a wait, against this budget's limit shortened by a
         drain's own ``timeout``; returns that limit. Raises :class:`ConfigError` naming the option
         (and its variable, for those in ``from_variables``) that sets the bound."""
         sources = {} if from_variables is None else from_variables
@@ -102,19 +118,23 @@ class Budget:
         def name(option: str) -> str:
             return f"{option} ({variable(option)})" if option in sources else option
 
-        limit = self.limit if timeout is None else min(self.limit, timeout)
-        if timeout is not None and timeout <= self.limit:
-            bound, fix = f"this drain's timeout is {timeout:g}s", "raise the timeout"
-        elif self.drain_timeout is not None and self.drain_timeout <= self.grace_period - self.reserve:
-            bound, fix = f"{name('drain_timeout')} is {self.drain_timeout:g}s", f"raise {name('drain_timeout')}"
-        else:
-            bound = (
-                f"{name('grace_period')} {self.grace_period:g}s leaves the drain {self.grace_period - self.reserve:g}s "
-                f"after the reserve {self.reserve:g}s"
-            )
-            fix = f"raise {name('grace_period')}, the pod's terminationGracePeriodSeconds"
-        check_wait(wait, limit, wait_name=name("propagation_wait"), bound=bound, fix=fix)
-        return limit
+        voice = {
+            "wait": name("propagation_wait"),
+            "grace": name("grace_period"),
+            "timeout": "this drain's timeout",
+            "raise_timeout": "raise the timeout",
+            "drain_timeout": name("drain_timeout"),
+            "reserve": "shown",
+            "grace_fix": ", the pod's terminationGracePeriodSeconds",
+        }
+        return judge_drain(
+            wait,
+            grace=self.grace_period,
+            reserve=self.reserve,
+            drain_timeout=self.drain_timeout,
+            timeout=timeout,
+            voice=voice,
+        )
 
     @property
     def limit(self) -> float:

@@ -8,7 +8,6 @@ never ``Budget``'s (``dataclasses`` and the ``inspect`` it imports cost the hook
 from __future__ import annotations
 
 import math
-import os
 import re
 
 from ._errors import ConfigError
@@ -18,8 +17,9 @@ __all__ = [
     "check_quiet",
     "check_wait",
     "default_reserve",
+    "FLAGS",
     "drain_limit",
-    "env_duration",
+    "judge_drain",
     "parse_duration",
     "resolve_grace",
     "resolve_reserve",
@@ -65,15 +65,7 @@ def _parse_units(text: str, original: str, name: str) -> float:
     return total
 
 
-def env_duration(var: str) -> float | None:
-    """Read a duration from the environment, naming the variable when it is wrong."""
-    raw = os.environ.get(var)
-    if raw is None or raw.strip() == "":
-        return None
-    return parse_duration(raw, name=f"environment variable {var}")
-
-
-DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds: the default of Budget.grace_period
 
 
 def check_quiet(quiet: float, wait: float, *, given: object = None, source: str = "") -> None:
@@ -112,13 +104,56 @@ def check_wait(wait: float, limit: float, *, wait_name: str, bound: str, fix: st
         )
 
 
-def resolve_grace(grace_period: float | str | None) -> float:
-    """The grace period given, else ``GRACEFUL_GRACE_PERIOD``, else Kubernetes' default 30 s."""
-    if grace_period is None:
-        grace = env_duration("GRACEFUL_GRACE_PERIOD")
-        grace = DEFAULT_GRACE_PERIOD if grace is None else grace
+# How a caller's user wrote the values the budget rule names, for its messages: the server's options
+# (``Budget.voice``, with the variables they came from) or the preStop hook's flags (``FLAGS``).
+#   wait, grace: the names of the propagation wait and the grace period;
+#   timeout / raise_timeout: a drain's own timeout and its fix; drain_timeout: the configured cap;
+#   reserve: whether the reserve's value is shown; grace_fix: said after "raise <grace>".
+FLAGS = {
+    "wait": "--propagation-wait",
+    "grace": "--grace-period",
+    "timeout": "--timeout",
+    "raise_timeout": "raise --timeout",
+    "drain_timeout": "--timeout",
+    "reserve": "",
+    "grace_fix": "",
+}
+
+
+def judge_drain(
+    wait: float | None,
+    *,
+    grace: float | None,
+    reserve: float,
+    drain_timeout: float | None,
+    timeout: float | None,
+    voice: dict[str, str],
+) -> float:
+    """The budget rule for one drain, the one verdict that ``Budget`` (at start-up), a drain's overrides
+    (``Drain.begin_drain`` and the admin server) and the preStop hook's flags share: returns the drain's
+    limit, ``min(timeout, drain_timeout, grace - reserve)`` (of those known), and raises
+    :class:`ConfigError` when ``wait`` is longer (``check_wait``), naming the bound that binds in the
+    words of ``voice`` (``FLAGS`` or the server's options)."""
+    room = math.inf if grace is None else grace - reserve
+    cap = room if drain_timeout is None else min(drain_timeout, room)
+    limit = cap if timeout is None else min(cap, timeout)
+    if wait is None or wait <= limit:
+        return limit
+    if timeout is not None and timeout <= cap:
+        bound, fix = f"{voice['timeout']} is {timeout:g}s", voice["raise_timeout"]
+    elif drain_timeout is not None and drain_timeout <= room:
+        bound, fix = f"{voice['drain_timeout']} is {drain_timeout:g}s", f"raise {voice['drain_timeout']}"
     else:
-        grace = parse_duration(grace_period, name="grace_period")
+        after = f"the reserve {reserve:g}s" if voice["reserve"] else "the reserve"
+        bound = f"{voice['grace']} {grace:g}s leaves the drain {room:g}s after {after}"
+        fix = f"raise {voice['grace']}{voice['grace_fix']}"
+    check_wait(wait, limit, wait_name=voice["wait"], bound=bound, fix=fix)
+    return limit
+
+
+def resolve_grace(grace_period: float | str) -> float:
+    """The grace period given, parsed; refused when it leaves no time to drain."""
+    grace = parse_duration(grace_period, name="grace_period")
     if grace <= 0:
         raise ConfigError(
             f"grace_period: {grace_period!r} leaves no time to drain; "

@@ -21,6 +21,15 @@ import anyio
 from ._observed import BOUNDS, PLAIN
 from ._status import OUTCOMES, State, Tally
 
+# typing's Protocol at runtime only for the annotation below.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Stateful(Protocol):
+        state: State
+
+
 __all__ = [
     "CANCELLED",
     "CLIENT_DISCONNECTED",
@@ -49,42 +58,28 @@ class NotAccepting(RuntimeError):
 class Ledger:
     """Everything admitted and not yet finished, in order of admission, with its admission time.
 
-    ``Drain`` is one. ``_items`` maps each item to the ``time.monotonic()`` of its admission,
-    ``_outcomes`` counts finished items by outcome, and ``_waker`` (the current drain run's
-    ``wake``) is called when the ledger empties. ``sweep`` counts the durations of finished
-    items into the tally's ``Durations``: ``_watched`` is what the last sweep saw in flight,
+    ``table`` maps each item to the ``time.monotonic()`` of its admission: an owner that admits
+    inline on its hot path (graceful's middleware, once per request) writes
+    ``table[item] = time.monotonic()``, which is ``admit_item(item)`` without its call. Items
+    leave it only through ``Tracked.finish_after``; it is the same object for the ledger's whole
+    life. ``outcomes`` counts finished items by outcome, and ``waker`` (the current drain run's
+    ``wake``) is called when the ledger empties. ``count_durations`` counts the durations of
+    finished items into the tally's histograms: ``_watched`` is what the last count saw in flight,
     ``_swept`` when, and ``_released`` how many items had finished by then.
     """
 
-    state: State
-
     def __init__(self, tally: Tally) -> None:
         self.tally = tally
-        self._items: dict[Tracked, float] = {}
-        self._outcomes = tally.outcomes
+        self.table: dict[Tracked, float] = {}
+        self.outcomes = tally.outcomes
+        self.waker: Callable[[], None] | None = None
         self._watched: list[tuple[Tracked, float]] = []
         self._swept = _monotonic()
         self._released = 0
-        self._waker: Callable[[], None] | None = None
-
-    def wake_when_empty(self, waker: Callable[[], None] | None) -> None:
-        """Call ``waker`` each time the last item finishes (a drain run waiting for the work to end)."""
-        self._waker = waker
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._items)
-
-    def admissions(self) -> dict[Tracked, float]:
-        """The ledger's table, for an owner that admits inline on its hot path (graceful's middleware,
-        once per request): ``table[item] = time.monotonic()`` is ``admit_item(item)`` without its
-        call. Items leave it only through ``Tracked.finish_after``; the table is the same object for
-        the ledger's whole life."""
-        return self._items
 
     def admit_item(self, item: Tracked, limit: int = NO_LIMIT) -> bool:
-        """Count ``item`` as in flight, unless ``limit`` items already are (package-internal; the hot path)."""
-        items = self._items
+        """Count ``item`` as in flight, unless ``limit`` items already are."""
+        items = self.table
         if len(items) >= limit:
             return False
         items[item] = _monotonic()
@@ -92,30 +87,31 @@ class Ledger:
 
     def items(self) -> tuple[Tracked, ...]:
         """The work in flight, in order of admission."""
-        return tuple(self._items)
+        return tuple(self.table)
 
     def leftover(self) -> tuple[str, ...]:
         """A line for each item in flight: what it is and for how long it has run."""
         now = time.monotonic()
-        return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self._items.items())
+        return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self.table.items())
 
     def ages(self) -> list[tuple[float, bool]]:
         """For each item in flight: how long it has run, and whether it has streamed (off the hot path)."""
         now = time.monotonic()
-        return [(now - admitted, item.last is not None) for item, admitted in self._items.items()]
+        return [(now - admitted, item.last is not None) for item, admitted in self.table.items()]
 
-    def sweep(self) -> None:
-        """Count the durations of the work finished since the last sweep (``_observed``; off the hot path).
+    def count_durations(self) -> None:
+        """Count the durations of the work finished since the last count (``_observed``; off the hot path).
 
-        Run every ``SWEEP`` seconds by the middleware's lifespan. Work seen in flight by the last
+        Run every ``SWEEP`` seconds by the middleware's lifespan, and by the admin server before it
+        answers ``/status``. Work seen in flight by the last
         sweep and finished since counts from its admission to now: its duration, rounded up by
         less than the time between two sweeps. Work admitted and finished between two sweeps was
         shorter than that time; it counts as plain, at that time.
         """
         now = _monotonic()
-        durations = self.tally.durations
+        durations = self.tally.histograms
         counts, sums = durations.counts, durations.sums
-        released = sum(self._outcomes)
+        released = sum(self.outcomes)
         seen = 0
         for item, admitted in self._watched:
             if not item.open:
@@ -129,7 +125,7 @@ class Ledger:
             between = now - self._swept
             counts[PLAIN][bisect_left(BOUNDS, between)] += short
             sums[PLAIN] += short * between
-        self._watched = list(self._items.items())
+        self._watched = list(self.table.items())
         self._released = released
         self._swept = now
 
@@ -167,7 +163,7 @@ class Tracked:
     async def finish_after(self, sent: Awaitable[None], outcome: int) -> None:
         """Await ``sent`` (the server taking the last frame), then release this item with ``outcome``.
 
-        The one code that ends an item's count (its duration is counted later, by ``sweep``: a
+        The one code that ends an item's count (its duration is counted later, by ``count_durations``: a
         clock read here would cost a request more than the rest of its release). The middleware
         returns it as the awaitable of the last frame's ``send``, so the release costs the hot
         path no call of its own; ``finish`` runs it with nothing to wait for. Once released,
@@ -177,11 +173,11 @@ class Tracked:
         if self.open:
             self.open = False
             ledger = self.ledger
-            items = ledger._items
+            items = ledger.table
             del items[self]
-            ledger._outcomes[outcome] += 1
-            if not items and ledger._waker is not None:
-                ledger._waker()
+            ledger.outcomes[outcome] += 1
+            if not items and ledger.waker is not None:
+                ledger.waker()
 
     def finish(self, outcome: int) -> None:
         """Release this item with ``outcome`` now (``finish_after`` with nothing to wait for)."""
@@ -232,10 +228,10 @@ class Job(Tracked):
 
 
 @asynccontextmanager
-async def track(ledger: Ledger, name: str) -> AsyncIterator[None]:
-    """Count the block as in flight in ``ledger``: see ``Drain.track``."""
-    if ledger.state is not State.SERVING:
-        raise NotAccepting(f"not accepting {name!r}: state is {ledger.state.value}; take no new work")
+async def track(owner: Stateful, ledger: Ledger, name: str) -> AsyncIterator[None]:
+    """Count the block as in flight in ``ledger`` while ``owner`` (a ``Drain``) serves: see ``Drain.track``."""
+    if owner.state is not State.SERVING:
+        raise NotAccepting(f"not accepting {name!r}: state is {owner.state.value}; take no new work")
     job = Job(ledger, name)
     ledger.admit_item(job)
     outcome = ERROR

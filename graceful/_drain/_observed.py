@@ -1,8 +1,8 @@
 """Request durations as the server saw them: fixed buckets, counted off the hot path.
 
 A clock read at each release would cost a request more instructions than the rest of its
-release, so nothing on the request path counts durations. The ledger's ``sweep``, run every
-``SWEEP`` seconds, counts the work that finished since the last one into ``Durations``: work
+release, so nothing on the request path counts durations. The ledger's ``count_durations``, run every
+``SWEEP`` seconds, counts the work that finished since the last one into ``RequestHistograms``: work
 it saw in flight by the time from its admission to now (rounded up by less than ``SWEEP``),
 work that came and went between two sweeps as plain, shorter than the time between them.
 Everything else reads ``Histogram`` snapshots: the Prometheus family at scrape time, the admin
@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BOUNDS", "KINDS", "PLAIN", "STREAM", "SWEEP", "Durations", "Histogram", "ObservationError"]
+__all__ = ["BOUNDS", "KINDS", "PLAIN", "STREAM", "SWEEP", "Histogram", "ObservationError", "RequestHistograms"]
 
 SWEEP = 0.1  # seconds between two sweeps of the ledger
 
@@ -41,10 +41,10 @@ class ObservationError(ValueError):
     """Observations that cannot be read: buckets out of order, counts that fall, a foreign bucket set."""
 
 
-class Durations:
+class RequestHistograms:
     """The live counts: ``counts[kind][bucket]`` and ``sums[kind]`` (seconds), from ``since`` (wall clock).
 
-    Only the ledger's sweep writes them; ``histogram`` copies them out.
+    Only the ledger's ``count_durations`` writes them; ``snapshot`` copies them out.
     """
 
     __slots__ = ("counts", "sums", "since")
@@ -54,7 +54,7 @@ class Durations:
         self.sums = [0.0] * len(KINDS)
         self.since = time.time()
 
-    def histograms(self) -> dict[str, Histogram]:
+    def snapshot(self) -> dict[str, Histogram]:
         """A snapshot per kind, by name (``KINDS``)."""
         return {name: Histogram(BOUNDS, tuple(self.counts[k]), self.sums[k]) for k, name in enumerate(KINDS)}
 

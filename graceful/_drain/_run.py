@@ -28,7 +28,7 @@ logger = logging.getLogger("graceful")
 
 
 class Machine(Protocol):
-    """What a run reads from and reports to its drain (``Drain`` is one)."""
+    """What a run reads from and reports to its drain (``_state.Core`` is one)."""
 
     config: DrainConfig
     tally: Tally
@@ -88,8 +88,9 @@ class DrainRun:
     def wall(self, mono: float) -> float:
         return mono + self.started_wall - self.started
 
-    def in_propagation(self, now: float) -> bool:
-        """Whether a new request arriving ``now`` is in the propagation phase; records it if so."""
+    def record_arrival(self, now: float) -> bool:
+        """A new request arrived ``now``: record it if it is in the propagation phase (for the quiet
+        rule), settling the phase if it is over; returns whether it is in it."""
         if now < self.settle_propagation(now):
             self.last_arrival = now
             return True
@@ -110,17 +111,13 @@ class DrainRun:
         so the leader sleeps until it and re-arms when it has moved: no polling.
         """
         wait_end = self.prop_end
-        if self.prop_over or self.quiet is None and now < wait_end:
-            return wait_end
-        end = wait_end
-        if self.quiet is not None:
-            end = min(end, max(self.started, self.last_arrival) + self.quiet)
-        if now >= end and self.ended is None:
+        end = self.propagation_end(now)
+        if not self.prop_over and now >= end and self.ended is None:
             self.prop_over = True
             self.prop_end = end
             self.prop_ended_by = "quiet" if end < wait_end else "propagation_wait"
             last = max(0.0, self.last_arrival - self.started)
-            self.machine.tally.propagation_durations.append(last)
+            self.machine.tally.propagation_seconds.append(last)
             logger.info(
                 "propagation phase over %.3fs after drain start (%s); last new request %.3fs after drain start%s",
                 end - self.started,
@@ -130,12 +127,19 @@ class DrainRun:
             )
         return end
 
+    def propagation_end(self, now: float) -> float:
+        """When the propagation phase ends, as known at ``now`` (``settle_propagation`` without its record)."""
+        wait_end = self.prop_end
+        if self.prop_over or self.quiet is None and now < wait_end:
+            return wait_end
+        return wait_end if self.quiet is None else min(wait_end, max(self.started, self.last_arrival) + self.quiet)
+
     def times(self, now: float) -> dict[str, float | None]:
         """The wall-clock times of this run, for ``DrainStatus``."""
         return {
             "drain_started": self.started_wall,
             "deadline": self.wall(self.deadline),
-            "propagation_until": self.wall(self.settle_propagation(now)),
+            "propagation_until": self.wall(self.propagation_end(now)),
             "last_request": self.wall(self.last_arrival) if self.last_arrival >= self.started else None,
         }
 
@@ -220,7 +224,7 @@ class DrainRun:
         duration = time.monotonic() - start
         if outcome in ("drained", "timeout") and not self.follow_up:
             machine.tally.add(machine.tally.drains, outcome)
-            machine.tally.drain_durations.append(duration)
+            machine.tally.drain_seconds.append(duration)
         self.result = DrainResult(
             result=outcome,
             in_flight=left,
@@ -239,7 +243,7 @@ class DrainRun:
         self._log_summary(self.result)
         if outcome != "resumed" and not self.follow_up:
             # on_drained gets hook_timeout, but never more than half the reserve past the deadline.
-            room = deadline + config.reserve / 2 - time.monotonic()
+            room = deadline + config.budget.reserve / 2 - time.monotonic()
             await _call_hook(config.on_drained, "on_drained", min(config.hook_timeout, room))
         done.set()
         machine.notify()

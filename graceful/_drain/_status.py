@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ._observed import Durations
+from ._observed import RequestHistograms
 
 __all__ = ["OUTCOMES", "DrainOutcome", "DrainResult", "DrainStatus", "Failure", "State", "Tally"]
 
@@ -105,7 +105,7 @@ class DrainStatus:
     # Wall-clock time of the last new request of this drain's propagation phase, if any.
     last_request: float | None = None
     # What the server has seen, for ``graceful advise``: the budget in force, the durations of
-    # finished work (``Durations.as_dict``) and each drain's propagation figure.
+    # finished work (``RequestHistograms.as_dict``) and each drain's propagation figure.
     budget: dict[str, object] = field(default_factory=dict)
     durations: dict[str, object] = field(default_factory=dict)
     propagation: tuple[float, ...] = ()
@@ -138,9 +138,9 @@ class Tally:
         "rejected",
         "drains",
         "truncated",
-        "drain_durations",
-        "propagation_durations",
-        "durations",
+        "drain_seconds",
+        "propagation_seconds",
+        "histograms",
         "failures",
     )
 
@@ -150,11 +150,11 @@ class Tally:
         self.drains: dict[str, int] = {}  # drains by result (drained or timeout)
         self.truncated: dict[str, int] = {}  # work ended by the deadline, by reason
         self.failures: dict[str, int] = {}  # entries into FAILED, by reason
-        self.drain_durations: list[float] = []
+        self.drain_seconds: list[float] = []
         # Per drain: seconds from drain start to the last new request of the propagation phase.
-        self.propagation_durations: list[float] = []
-        # How long finished work took, plain and streamed apart (``_observed``; the ledger's sweep counts it).
-        self.durations = Durations()
+        self.propagation_seconds: list[float] = []
+        # How long finished work took, plain and streamed apart (``_observed``; the ledger's count_durations counts it).
+        self.histograms = RequestHistograms()
 
     @staticmethod
     def add(group: dict[str, int], key: str) -> None:
@@ -162,7 +162,7 @@ class Tally:
 
     def samples(self) -> dict[str, list[float]]:
         """The histogram samples, by name."""
-        return {"drain_durations": self.drain_durations, "propagation_durations": self.propagation_durations}
+        return {"drain_seconds": self.drain_seconds, "propagation_seconds": self.propagation_seconds}
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         return {

@@ -116,7 +116,7 @@ class EngineConfig:
     interval: float = 1.0
     idle_reads: int = 2
     kv_buffer: float | str = 0.0
-    propagation_wait: float | str = 0.0
+    propagation_wait: float | str | None = None  # None: no wait
     timeout: float | None = None
     grace_period: float | None = None
     grace_share: float | None = None
@@ -163,7 +163,7 @@ class EngineConfig:
         share = self.grace_share
         if share is not None and (isinstance(share, bool) or not (isinstance(share, float | int) and 0 < share <= 1)):
             raise ConfigError(f"grace_share: {share!r} must be a fraction of the grace period, above 0 and at most 1")
-        wait = parse_duration(self.propagation_wait, name="propagation-wait")
+        wait = 0.0 if self.propagation_wait is None else parse_duration(self.propagation_wait, name="propagation-wait")
         limit = self.limit
         rule = "grace period - reserve" if share is None else f"{share:.0%} of the grace period"
         check_wait(

@@ -168,7 +168,7 @@ async def wait_idle(
     interval: float = 1.0,
     idle_reads: int = 2,
     kv_buffer: float | str = 0.0,
-    propagation_wait: float | str = 0.0,
+    propagation_wait: float | str | None = None,
     timeout: float | None = None,
     grace_period: float | None = None,
     grace_share: float | None = None,
@@ -216,16 +216,17 @@ def _apply_rules(
 
 
 async def poll(
-    plan: EngineConfig, on_progress: Callable[[EngineProgress], None] | None, warn: Callable[[str], None]
+    config: EngineConfig, on_progress: Callable[[EngineProgress], None] | None, warn: Callable[[str], None]
 ) -> EngineDrainResult:
-    url = cast(str, plan.metrics_url)
-    kv_buffer = cast(float, plan.kv_buffer)
-    propagation_wait = cast(float, plan.propagation_wait)
+    """Read ``config``'s metrics page until the engine is idle, gone or dead, or the budget runs out."""
+    url = cast(str, config.metrics_url)
+    kv_buffer = cast(float, config.kv_buffer)
+    propagation_wait = cast(float, config.propagation_wait)
     start = anyio.current_time()
-    deadline = start + plan.limit
-    rules = plan.rules
+    deadline = start + config.limit
+    rules = config.rules
     activity = rules.activity if rules is not None else ()
-    values: dict[str, float | None] = dict.fromkeys(plan.metrics)
+    values: dict[str, float | None] = dict.fromkeys(config.metrics)
     warned: set[str] = set()
     reads = streak = refused = sick_reads = 0
     streak_start = 0.0
@@ -236,7 +237,7 @@ async def poll(
 
     def finish(outcome: EngineOutcome, held: float = 0.0) -> EngineDrainResult:
         duration = anyio.current_time() - start
-        return EngineDrainResult(outcome, reads, values, duration, plan.limit, url, error, held)
+        return EngineDrainResult(outcome, reads, values, duration, config.limit, url, error, held)
 
     # trust_env=False: a pod's HTTP(S)_PROXY must not route a loopback scrape elsewhere.
     # verify=False for plain http skips loading the CA bundle, which costs up to a second on a busy node.
@@ -250,9 +251,9 @@ async def poll(
             if now >= deadline:
                 return finish("timeout")
             # Keep each read shorter than the interval so a hung engine cannot stretch the schedule.
-            limit = min(0.9 * plan.interval, deadline - now)
+            limit = min(0.9 * config.interval, deadline - now)
             fresh_page = rules.fresh_page if rules is not None else None
-            read = await _read_once(client, url, tuple(plan.metrics) + activity, limit, fresh_page)
+            read = await _read_once(client, url, tuple(config.metrics) + activity, limit, fresh_page)
             read_at = anyio.current_time()
             reads += 1
             error = read.error
@@ -286,10 +287,10 @@ async def poll(
                 streak_start = read_at
             streak = streak + 1 if zero else 0
             if on_progress is not None:
-                on_progress(EngineProgress(reads, values, error, streak, read_at - start, plan.limit))
+                on_progress(EngineProgress(reads, values, error, streak, read_at - start, config.limit))
             if health is not None and not zero and not read.refused:
                 # A dead engine's gauges freeze busy: is it alive to finish that work?
-                said = await _sick(client, health, min(0.9 * plan.interval, deadline - anyio.current_time()))
+                said = await _sick(client, health, min(0.9 * config.interval, deadline - anyio.current_time()))
                 sick_reads = sick_reads + 1 if said else 0
                 sick = said or sick
                 if sick_reads >= DEAD_READS:
@@ -301,9 +302,9 @@ async def poll(
                     return finish("dead")
                 return finish("gone")
             span = rules.min_idle_span if rules is not None else 0.0
-            if streak >= plan.idle_reads and read_at - streak_start >= span:
+            if streak >= config.idle_reads and read_at - streak_start >= span:
                 break
-            tick = max(tick + plan.interval, anyio.current_time())
+            tick = max(tick + config.interval, anyio.current_time())
             await anyio.sleep_until(min(tick, deadline))
     # Disaggregated decode peers may still be pulling the last KV from this (prefill) engine.
     held = max(0.0, min(kv_buffer, deadline - anyio.current_time()))

@@ -5,5 +5,5 @@ protocol without I/O for Chat Completions and Completions: which requests qualif
 sees, the continuation request), ``_responses`` (the same for the Responses API) and ``_attempts``
 (what both keep across attempts: the final event held back, the bounds on continuations).
 
-May import `_stream` (the stream rules it shares with the middleware).
+May import ``_stream`` (the stream rules it shares with the middleware).
 """

@@ -2,18 +2,22 @@
 ``Splice`` (Chat Completions and Completions) and ``ResponsesSplice`` (the Responses API).
 
 It splits the bytes of each attempt into events, holds graceful's final event back, counts the
-continuations against ``max_resumes``, paces the ones that brought nothing, and decides what the caller
-sees when the stream ends without resuming. A subclass reads and rewrites the events of its framing
-(``_event``), says why not to resume (``verdict``) and builds the continuation request (``continuation``).
+continuations against ``max_resumes``, paces the ones that brought nothing, bounds the tokens by the
+request's limit, and decides what the caller sees when the stream ends without resuming. A subclass
+reads and rewrites the events of its framing (``_event``), says why its answer cannot be continued
+(``_framing_verdict``) and carries what the caller has into the continuation request (``_carry``).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from typing import Any
 
 import httpx
+
+from .._stream._rules import final_event, json_object
 
 __all__ = ["RETRY_ATTEMPTS", "Attempts", "event_data", "streamed_body"]
 
@@ -27,6 +31,9 @@ _EVENT_END = (b"\r\n\r\n", b"\n\n", b"\r\r")
 
 class Attempts:
     """The state of one resumable stream across its attempts that does not depend on its framing."""
+
+    # The request's fields that bound the tokens to generate, in the order the server reads them.
+    LIMITS: tuple[str, ...] = ()
 
     def __init__(self, payload: dict[str, Any], max_resumes: int) -> None:
         self.payload = payload
@@ -53,16 +60,21 @@ class Attempts:
 
     # -- what a framing supplies -----------------------------------------------------------
 
-    def _event(self, raw: bytes) -> bytes:
-        """One whole event of the current attempt in; what the caller gets of it out."""
+    def _event(self, event: dict[str, Any], raw: bytes) -> bytes:
+        """One event of the answer in (its JSON object, and as it came); what the caller gets of it out."""
         raise NotImplementedError
 
-    def verdict(self) -> str | None:
-        """Once an attempt has ended: why not to resume (None: resume)."""
-        raise NotImplementedError
+    def _marker(self, data: bytes, raw: bytes) -> bytes | None:
+        """What the caller gets of an event whose data is the framing's end marker, not JSON (``[DONE]``);
+        None for any other event (the Responses framing has none)."""
+        return None
 
-    def continuation(self) -> bytes:
-        """The next request's body."""
+    def _framing_verdict(self) -> str | None:
+        """Once an attempt has ended: why the framing's answer so far cannot be continued (None: it can)."""
+        return None
+
+    def _carry(self, body: dict[str, Any]) -> None:
+        """Put what the caller has of the answer into the next request's body (a copy of the first's)."""
         raise NotImplementedError
 
     def _release(self) -> bytes:
@@ -84,12 +96,65 @@ class Attempts:
             end, size = cut
             raw = self.buffer[: end + size]
             self.buffer = self.buffer[end + size :]
-            emitted = self._event(raw)
+            emitted = self._take(raw)
             if emitted:
                 out.append(emitted)
         result = b"".join(out)
         self.bytes_out += len(result)
         return result
+
+    def _take(self, raw: bytes) -> bytes:
+        """One whole event of the current attempt in; what the caller gets of it out."""
+        data = event_data(raw)
+        if data is None:
+            return raw  # a comment or keep-alive: pass it on
+        if self.done:
+            return b""  # nothing after the answer's end
+        marker = self._marker(data, raw)
+        if marker is not None:
+            return marker
+        event = self.parsed(data)
+        if event is None:
+            return raw
+        if final_event(event.get("error")):
+            self.shutdown = raw  # handed back only if the stream does not resume
+            return b""
+        return self._event(event, raw)
+
+    def verdict(self) -> str | None:
+        """Once an attempt has ended: why not to resume (None: resume)."""
+        if self.done:
+            return "complete"
+        if self.shutdown is None and self.events == 0:
+            return "cut before any complete event"
+        if self.blocked is not None:
+            return self.blocked
+        why = self._framing_verdict() or self.progress_verdict()
+        if why is not None:
+            return why
+        left = self.remaining()
+        if left is not None and left <= 0:
+            return "no tokens left to generate"
+        return None
+
+    def remaining(self) -> int | None:
+        """The tokens the request's limit (the first of ``LIMITS`` it sets) leaves, or None without one."""
+        for name in self.LIMITS:
+            value = self.payload.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value - self.tokens
+        return None
+
+    def continuation(self) -> bytes:
+        """The next request's body: the first's, with what the caller has and its limits lowered by the
+        tokens received."""
+        body = copy.deepcopy(self.payload)
+        self._carry(body)
+        for name in self.LIMITS:
+            value = body.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                body[name] = max(1, value - self.tokens)
+        return json.dumps(body, separators=(",", ":")).encode()
 
     def resume_reason(self, error: BaseException | None) -> str | None:
         """Once an attempt has ended (``error``: how its read failed, if it did): why to resume, or
@@ -177,13 +242,8 @@ def _event_end(buffer: bytes) -> tuple[int, int] | None:
 
 def streamed_body(body: bytes) -> dict[str, Any] | None:
     """A request body's JSON object when it asks for a stream (``"stream": true``), else None."""
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(payload, dict) or payload.get("stream") is not True:
-        return None
-    return payload
+    payload = json_object(body)
+    return payload if payload is not None and payload.get("stream") is True else None
 
 
 def event_data(raw: bytes) -> bytes | None:

@@ -18,12 +18,10 @@ whole text and the whole usage.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
-from .._stream._rules import final_event
-from ._attempts import Attempts, event_data, streamed_body
+from ._attempts import Attempts, streamed_body
 
 __all__ = ["ResponsesSplice", "plan_responses"]
 
@@ -59,6 +57,8 @@ class ResponsesSplice(Attempts):
     the caller got. ``tokens`` counts one per logprob where deltas carry them, else one per delta.
     """
 
+    LIMITS = ("max_output_tokens",)
+
     def __init__(self, payload: dict[str, Any], max_resumes: int) -> None:
         super().__init__(payload, max_resumes)
         self.response: dict[str, Any] | None = None
@@ -69,21 +69,9 @@ class ResponsesSplice(Attempts):
 
     # -- reading an attempt ------------------------------------------------------------
 
-    def _event(self, raw: bytes) -> bytes:
-        data = event_data(raw)
-        if data is None:
-            return raw  # a comment or keep-alive: pass it on
-        if self.done:
-            return b""
-        event = self.parsed(data)
-        if event is None:
-            return raw
-        error = event.get("error")
-        if final_event(error):
-            self.shutdown = raw  # graceful's final event: handed back only if the stream does not resume
-            return b""
+    def _event(self, event: dict[str, Any], raw: bytes) -> bytes:
         kind = event.get("type")
-        if kind == "error" or error is not None:
+        if kind == "error" or event.get("error") is not None:
             self.blocked = "an error event"
             return raw
         if self.resumes and not self._splice(event):
@@ -179,29 +167,14 @@ class ResponsesSplice(Attempts):
 
     # -- between attempts ----------------------------------------------------------------
 
-    def verdict(self) -> str | None:
-        if self.done:
-            return "complete"
-        if self.response is None:
-            return "cut before response.created"
-        if self.shutdown is None and self.events == 0:
-            return "cut before any complete event"
-        if self.blocked is not None:
-            return self.blocked
-        bound = self.progress_verdict()
-        if bound is not None:
-            return bound
-        limit = self.payload.get("max_output_tokens")
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit - self.tokens <= 0:
-            return "no tokens left to generate"
-        return None
+    def _framing_verdict(self) -> str | None:
+        return "cut before response.created" if self.response is None else None
 
     def _new_attempt(self) -> None:
         self.mapped = None
 
-    def continuation(self) -> bytes:
-        """The request again, with the items so far and the message being written as ``input``."""
-        body = copy.deepcopy(self.payload)
+    def _carry(self, body: dict[str, Any]) -> None:
+        """The items so far and the message being written, as ``input``."""
         given = body["input"]
         items: list[Any] = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
         for item in self.items:
@@ -212,10 +185,6 @@ class ResponsesSplice(Attempts):
         body["input"] = items
         if self.response is not None and self.response.get("id"):
             body["request_id"] = self.response["id"]  # vLLM names the response after it
-        limit = body.get("max_output_tokens")
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            body["max_output_tokens"] = max(1, limit - self.tokens)
-        return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _message(text: str, status: str) -> dict[str, Any]:

@@ -8,21 +8,19 @@ reads one stream. docs/resume.md describes the protocol.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any, Literal
 
 import httpx
 
-from .._stream._rules import RESUMABLE_HEADER, final_event, responses_path, server_failed
-from ._attempts import RETRY_ATTEMPTS, Attempts, event_data, streamed_body
+from .._stream._ends import ABORTED, DONE
+from .._stream._rules import responses_path, server_failed
+from ._attempts import RETRY_ATTEMPTS, Attempts, streamed_body
 from ._responses import plan_responses
 
-__all__ = ["RESUMABLE_HEADER", "RETRY_ATTEMPTS", "Kind", "Splice", "plan"]
+__all__ = ["RETRY_ATTEMPTS", "Kind", "Splice", "plan"]
 
 Kind = Literal["chat", "completion", "responses"]
-
-_DONE = b"data: [DONE]\n\n"
 
 
 def plan(request: httpx.Request, body: bytes) -> tuple[Kind, dict[str, Any]] | None:
@@ -74,6 +72,8 @@ class Splice(Attempts):
     token ids); ``done`` is ``[DONE]`` seen.
     """
 
+    LIMITS = ("max_completion_tokens", "max_tokens")
+
     def __init__(self, kind: Kind, payload: dict[str, Any], max_resumes: int) -> None:
         super().__init__(payload, max_resumes)
         self.kind = kind
@@ -96,23 +96,15 @@ class Splice(Attempts):
 
     # -- reading an attempt ------------------------------------------------------------
 
-    def _event(self, raw: bytes) -> bytes:
-        data = event_data(raw)
-        if data is None:
-            return raw  # a comment or keep-alive: pass it on
-        if self.done:
-            return b""  # nothing after [DONE]
-        if data.strip() == b"[DONE]":
-            self.done = True
-            return self._release() + (_DONE if self.resumes else raw)
-        event = self.parsed(data)
-        if event is None:
-            return raw
+    def _marker(self, data: bytes, raw: bytes) -> bytes | None:
+        if data.strip() != b"[DONE]":
+            return None
+        self.done = True
+        return self._release() + (DONE if self.resumes else raw)
+
+    def _event(self, event: dict[str, Any], raw: bytes) -> bytes:
         error = event.get("error")
         if error is not None:
-            if final_event(error):
-                self.shutdown = raw  # handed back only if the stream does not resume
-                return b""
             if server_failed(error) and not self.failed:
                 self.failed = True
                 self.held.append(raw)
@@ -174,7 +166,7 @@ class Splice(Attempts):
                 self.ids_whole = False
                 self.tokens += 1
             reason = choice.get("finish_reason")
-            if reason == "abort":
+            if reason == ABORTED:
                 self.aborted = True  # not a finish: held until the end of the stream tells
             elif reason is not None:
                 self.finished = True
@@ -209,14 +201,7 @@ class Splice(Attempts):
 
     # -- between attempts ----------------------------------------------------------------
 
-    def verdict(self) -> str | None:
-        """Once an attempt has ended: why not to resume (None: resume)."""
-        if self.done:
-            return "complete"
-        if self.shutdown is None and self.events == 0:
-            return "cut before any complete event"
-        if self.blocked is not None:
-            return self.blocked
+    def _framing_verdict(self) -> str | None:
         if self.failed and self.shutdown is None:
             return "an error event"
         if self.in_tool_call:
@@ -225,24 +210,10 @@ class Splice(Attempts):
             return "cut after the finish reason"
         if self.kind == "completion" and _token_ids(self.payload.get("prompt")) and self.exact_ids() is None:
             return "a token-id prompt, and the stream did not return the token ids to extend it with"
-        bound = self.progress_verdict()
-        if bound is not None:
-            return bound
-        left = self.remaining()
-        if left is not None and left <= 0:
-            return "no tokens left to generate"
         return None
 
-    def remaining(self) -> int | None:
-        for name in ("max_completion_tokens", "max_tokens"):
-            value = self.payload.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value - self.tokens
-        return None
-
-    def continuation(self) -> bytes:
-        """The next request's body: the original, with the text so far as the model's own."""
-        body = copy.deepcopy(self.payload)
+    def _carry(self, body: dict[str, Any]) -> None:
+        """The text so far as the model's own (or, exactly, its token ids)."""
         text = "".join(self.text)
         exact = self.exact_ids()
         if exact is not None and self.kind == "chat":
@@ -269,11 +240,6 @@ class Splice(Attempts):
         else:
             prompt = body["prompt"]
             body["prompt"] = prompt + text if isinstance(prompt, str) else [prompt[0] + text]
-        for name in ("max_completion_tokens", "max_tokens"):
-            value = body.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                body[name] = max(1, value - self.tokens)
-        return json.dumps(body, separators=(",", ":")).encode()
 
     def exact_ids(self) -> list[int] | None:
         """The prompt's token ids and every one received, when the stream carried them all."""

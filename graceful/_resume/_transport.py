@@ -23,12 +23,12 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from .._stream._rules import engine_dead_body, media_type, responses_path
+from .._stream._rules import RESUMABLE_HEADER, engine_dead_body, event_stream, responses_path
 from ._attempts import RETRY_ATTEMPTS, Attempts
 from ._responses import ResponsesSplice
-from ._splice import RESUMABLE_HEADER, Kind, Splice, plan
+from ._splice import Kind, Splice, plan
 
-__all__ = ["RESUMABLE_HEADER", "AsyncResumingTransport", "ResumingTransport"]
+__all__ = ["AsyncResumingTransport", "ResumingTransport"]
 
 logger = logging.getLogger("graceful")
 
@@ -40,8 +40,9 @@ _RETRY_STATUS = frozenset({502, 503, 504})
 _RETRY_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
 
 
-def _is_sse(response: httpx.Response) -> bool:
-    return media_type(response.headers.get("content-type", "")) == "text/event-stream"
+def _streamed(response: httpx.Response) -> bool:
+    """Whether an answer is a stream to splice: a 200 of server-sent events (docs/resume.md)."""
+    return response.status_code == 200 and event_stream(response.headers.get("content-type", ""))
 
 
 def _refused(response: httpx.Response) -> bool:
@@ -81,7 +82,7 @@ def _spliced(
     request: httpx.Request, response: httpx.Response, found: tuple[Kind, dict[str, Any]] | None, io: _IO, resumes: int
 ) -> httpx.Response | None:
     """The response the caller reads, spliced across continuations; None when the stream is not one to splice."""
-    if found is None or response.status_code != 200 or not _is_sse(response):
+    if found is None or not _streamed(response):
         return None
     extensions = {**response.extensions, "graceful_resumes": 0}
     kind, payload = found
@@ -248,7 +249,7 @@ class _Continuation:
             except _RETRY_ERRORS as exc:
                 failure = repr(exc)
             else:
-                if response.status_code == 200 and _is_sse(response):
+                if _streamed(response):
                     return response
                 await io.discard(response)
                 failure = f"HTTP {response.status_code}"

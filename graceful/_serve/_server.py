@@ -31,9 +31,9 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 from .._admin._paths import default_socket_dir, socket_path
 from .._asgi._middleware import GracefulMiddleware
 from .._asgi._stop import FIRST, FORCE, HANDLED_SIGNALS, StopSignals
+from .._drain._environ import variable
 from .._drain._errors import ConfigError
-from .._drain._options import DRAIN_OPTIONS
-from .._drain._state import Drain
+from .._drain._state import Drain, core
 from .._drain._status import State
 
 __all__ = ["GracefulServer", "load_app", "serve"]
@@ -63,7 +63,7 @@ class GracefulServer(uvicorn.Server):
         self._wakeup: asyncio.Event | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._was_draining = False
-        drain.signals_owner = "graceful run"  # SIGTERM drains here: the middleware leaves it alone
+        core(drain).signals_owner = "graceful run"  # SIGTERM drains here: the middleware leaves it alone
         drain.add_listener(self._on_drain_change)
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
@@ -135,7 +135,7 @@ class GracefulServer(uvicorn.Server):
             # the middleware serves one more request on each (admit_during_propagation).
             connections: list[Any] = list(self.server_state.connections)
             peers = {conn.client for conn in connections if getattr(conn, "client", None)}
-            self.drain.pinned.update(peers)
+            core(self.drain).pinned.update(peers)
         self._was_draining = draining
 
     async def main_loop(self) -> None:
@@ -269,8 +269,8 @@ def load_app(target: str, options: dict[str, Any], *, explicit: frozenset[str] =
 def _warn_conflicts(app: GracefulMiddleware, options: dict[str, Any], explicit: frozenset[str]) -> None:
     config = app.drain.config
     # None means "the default", which the launcher points at --socket-dir through the env.
-    socket_dir = app.shared.socket_dir if app.shared.socket_dir is not None else options.get("socket_dir")
-    current = {name: getattr(config, name) for name in DRAIN_OPTIONS} | {"socket_dir": socket_dir}
+    socket_dir = app.options.socket_dir if app.options.socket_dir is not None else options.get("socket_dir")
+    current = config.values() | {"socket_dir": socket_dir}
     for name in sorted(explicit):
         if name in current and options.get(name) != current[name]:
             value = options.get(name)
@@ -286,7 +286,7 @@ def _worker_app() -> GracefulMiddleware:
     options = json.loads(os.environ.get(_OPTIONS_ENV, "{}"))
     explicit = frozenset(options.pop("_explicit", []))
     app = load_app(os.environ[_APP_ENV], options, explicit=explicit)
-    app.drain.signals_owner = "graceful run --workers"  # the supervisor drains the workers
+    core(app.drain).signals_owner = "graceful run --workers"  # the supervisor drains the workers
     return app
 
 
@@ -303,16 +303,16 @@ def serve(target: str, options: dict[str, Any], explicit: frozenset[str], **conf
     config.setdefault("log_config", _log_config(config.get("log_level", "info")))
     if options.get("socket_dir"):
         # Workers, and apps wrapped elsewhere with socket_dir=None, find it here.
-        os.environ["GRACEFUL_SOCKET_DIR"] = options["socket_dir"]
+        os.environ[variable("socket_dir")] = options["socket_dir"]
     if options.get("handoff_streams"):
         # An app wrapped elsewhere (built from the environment, as examples.server is) reads it here.
-        os.environ["GRACEFUL_HANDOFF_STREAMS"] = "1"
+        os.environ[variable("handoff_streams")] = "1"
     socket_dir = options.get("socket_dir") or default_socket_dir()
     socket_path(socket_dir, 4194304)  # the longest Linux pid: refuse a long dir before starting
     app = load_app(target, options, explicit=explicit)
     # Only once the options are known good: this replaces the process's logging setup.
     logging.config.dictConfig(config["log_config"])
-    logger.info("budget: %s", app.drain.budget.describe(admit=app.drain.admit_during_propagation))
+    logger.info("budget: %s", app.drain.budget.describe(admit=app.drain.config.admit_during_propagation))
     if workers > 1:
         os.environ[_APP_ENV] = target
         os.environ[_OPTIONS_ENV] = json.dumps({**options, "_explicit": sorted(explicit)})

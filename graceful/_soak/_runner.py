@@ -24,7 +24,7 @@ import httpx
 
 from .._drain._errors import ConfigError
 from .._resume._transport import AsyncResumingTransport
-from ._exchange import Outcome, describe, exchange
+from ._attempt import Outcome, describe, run_attempt
 from ._report import CLASSES, Attempt, RequestRecord, SoakReport
 
 __all__ = ["SoakConfig", "endpoint", "parse_weights", "run_soak"]
@@ -273,7 +273,7 @@ async def _request(
         text: list[str] | None = [] if stream and (cfg.resume or cfg.check_count) else None
         outcome = Outcome(expected=record.expected_tokens, text=text, exact=cfg.exact_length)
         with anyio.move_on_after(cfg.timeout) as deadline:
-            await exchange(client, url, body, {**headers, "x-soak-attempt": str(n)}, stream, attempt, outcome)
+            await run_attempt(client, url, body, {**headers, "x-soak-attempt": str(n)}, stream, attempt, outcome)
         if deadline.cancelled_caught and attempt.reason != "ended_by_server":
             attempt.reason, attempt.error = "timeout", f"no complete answer within {cfg.timeout:g}s"
         attempt.end = time.time()

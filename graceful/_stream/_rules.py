@@ -1,20 +1,24 @@
 """What an OpenAI-style stream or error says, read the same way by the middleware and the resuming transport.
 
-The server side (``_asgi``) and the client side (``_resume``) must agree on these: a copy on each
-side would drift. No I/O, and nothing here runs per request or per frame: only when a stream or a
-response has already ended with an error.
+The server side (``_asgi``) and the client side (``_resume``, and ``_soak``'s reading of an answer)
+must agree on these: a copy on each side would drift. No I/O, and nothing here runs on the
+middleware's hot path (per request or per frame): there, only once a stream or a response ends early.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 __all__ = [
     "RESUMABLE_HEADER",
     "engine_dead",
     "engine_dead_body",
     "engine_dead_exception",
+    "event_stream",
+    "final_error",
     "final_event",
+    "json_object",
     "media_type",
     "responses_path",
     "server_failed",
@@ -34,6 +38,8 @@ _DEAD_MESSAGES = ("EngineCore encountered an issue.",)
 # stream generator (vllm/entrypoints/openai/responses/serving.py) lets EngineDeadError out of a
 # response already started, and Starlette raises RuntimeError from it (starlette/_exception_handler.py).
 _DEAD_EXCEPTIONS = frozenset({"EngineDeadError"})
+# The type of graceful's own error object, which its final frames carry (docs/protocol.md).
+_SHUTDOWN = "server_shutdown"
 
 
 def media_type(content_type: bytes | str) -> str:
@@ -42,15 +48,28 @@ def media_type(content_type: bytes | str) -> str:
     return text.split(";", 1)[0].strip().lower()
 
 
+def event_stream(content_type: bytes | str) -> bool:
+    """Whether a Content-Type value says the body is a stream of server-sent events (``text/event-stream``)."""
+    return media_type(content_type) == "text/event-stream"
+
+
 def responses_path(path: str) -> bool:
     """Whether a request path is the Responses API's (``POST /v1/responses``)."""
     return path.rstrip("/").endswith("/responses")
 
 
+def final_error(message: str, *, resumable: bool) -> dict[str, object]:
+    """graceful's error object: the one its final frames, the deadline's 503 and the Responses event carry."""
+    error: dict[str, object] = {"type": _SHUTDOWN, "message": message, "retryable": True, "code": 503}
+    if resumable:
+        error["resumable"] = True
+    return error
+
+
 def final_event(error: object) -> bool:
-    """Whether an error object is graceful's own final event's (``type: server_shutdown``): the server ended
-    the stream early and says whether the client may continue it (``resumable``)."""
-    return isinstance(error, dict) and error.get("type") == "server_shutdown"
+    """Whether an error object is graceful's own (``final_error``): the server ended the stream early and
+    says whether the client may continue it (``resumable``)."""
+    return isinstance(error, dict) and error.get("type") == _SHUTDOWN
 
 
 def server_failed(error: object) -> bool:
@@ -74,13 +93,19 @@ def engine_dead(error: object) -> bool:
     return isinstance(message, str) and message.startswith(_DEAD_MESSAGES)
 
 
+def json_object(data: bytes) -> dict[str, Any] | None:
+    """The JSON object that a body or an event's data holds, or None (not JSON, or not an object)."""
+    try:
+        value = json.loads(data)
+    except ValueError:  # UnicodeDecodeError too
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def engine_dead_body(body: bytes) -> bool:
     """Whether a response body (a 5xx answer's JSON) says the engine has died."""
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(payload, dict) and engine_dead(payload.get("error"))
+    payload = json_object(body)
+    return payload is not None and engine_dead(payload.get("error"))
 
 
 def engine_dead_exception(exc: BaseException) -> str | None:

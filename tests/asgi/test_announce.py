@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from graceful import GracefulMiddleware
+from graceful._drain._state import core
 
 pytestmark = pytest.mark.anyio
 
@@ -59,7 +60,7 @@ async def test_every_response_from_the_drain_start_carries_the_announcement(regi
         for response in (await c.post("/v1/echo", content=b"a"), await c.get("/ready"), await c.get("/v1/stream")):
             assert response.status_code == 200 and HEADER not in response.headers, response.headers
         mw.drain.begin_drain("test")
-        run = mw.drain.drain_run
+        run = core(mw.drain).run
         assert run is not None and run.announced is None
         admitted = await c.post("/v1/echo", content=b"b")
         assert admitted.status_code == 200 and admitted.json() == {"body": "b"}

@@ -30,6 +30,7 @@ from starlette.websockets import WebSocket
 
 from graceful import GracefulMiddleware, State
 from graceful._asgi._types import ASGIApp, Message, Receive, Scope, Send
+from graceful._drain._state import core
 from graceful.cli import cli
 from tests.servers import Launched
 
@@ -148,7 +149,7 @@ def test_a_drain_stays_final_for_its_lifecycle(socket_dir: str, monkeypatch: pyt
         mw.drain.begin_drain("test")
         refused = client.get("/hello")
         assert refused.status_code == 503 and refused.json()["error"]["type"] == "server_draining"
-    assert mw.drain.state is State.STOPPED and mw.drain.stopped_draining
+    assert mw.drain.state is State.STOPPED and core(mw.drain).stopped_draining
     after = TestClient(mw).get("/hello")
     assert after.status_code == 503 and after.json()["error"]["type"] == "server_stopped"
     assert after.headers["x-graceful-not-started"] == "1"

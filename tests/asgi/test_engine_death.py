@@ -21,6 +21,7 @@ import pytest
 
 from graceful import State
 from graceful._asgi._types import Receive, Scope, Send
+from graceful._drain._state import core
 from tests.asgi.test_engine_abort import CONTENT, DONE, ENGINE_DEAD, last_event, sse_app
 from tests.asgi.test_middleware_raw import Recorder, http_scope, make, no_body
 
@@ -154,14 +155,14 @@ async def test_a_failure_during_a_drain_keeps_its_run_and_refuses_at_once() -> N
     mw = make(sse_app(CONTENT, ENGINE_DEAD, DONE))
     drain = mw.drain
     assert drain.begin_drain(propagation_wait=20, propagation_quiet=0.2)
-    run = drain.drain_run
+    run = core(drain).run
     await call(mw)
     assert drain.state is State.FAILED
     refused = await call(mw)
     assert status(refused) == 503 and json.loads(refused.body)["error"]["type"] == "server_failed"
     assert drain.begin_drain() is False
     result = await drain.drain()
-    assert drain.drain_run is run
+    assert core(drain).run is run
     assert result.drained and drain.state is State.FAILED
 
 

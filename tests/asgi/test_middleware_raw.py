@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from graceful import Drain, GracefulMiddleware, State
 from graceful._asgi._types import Message, Receive, Scope, Send
+from graceful._drain._state import core
 
 pytestmark = pytest.mark.anyio
 
@@ -341,9 +342,8 @@ async def test_app_headers_are_not_mutated() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": shared})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    mw = make(app)
+    mw = make(app, admit_during_propagation=True)
     mw.drain.begin_drain("x", propagation_wait=20)
-    mw.drain.admit_during_propagation = True
     await mw(http_scope(), no_body, Recorder(mw.drain))
     assert shared == [(b"content-type", b"text/plain")]
 
@@ -365,7 +365,7 @@ async def test_admit_during_propagation_admits_until_the_window_ends() -> None:
 async def test_pinned_connection_is_served_once_after_the_window() -> None:
     mw = make(streaming_app(1), admit_during_propagation=True)
     mw.drain.begin_drain("test", propagation_wait=0)
-    mw.drain.pinned.add(("127.0.0.1", 50000))
+    core(mw.drain).pinned.add(("127.0.0.1", 50000))
     first, second = Recorder(mw.drain), Recorder(mw.drain)
     await mw(http_scope(), no_body, first)
     await mw(http_scope(), no_body, second)
@@ -393,7 +393,7 @@ async def test_a_connection_busy_at_the_drain_start_is_pinned_by_the_middleware_
         tg.start_soon(mw, {**http_scope("/stream"), "client": a}, no_body, streaming)
         await anyio.wait_all_tasks_blocked()
         mw.drain.begin_drain("preStop", propagation_wait=0)
-        assert mw.drain.pinned == {a}
+        assert core(mw.drain).pinned == {a}
         gate.set()
     replies = [Recorder(mw.drain) for _ in range(3)]
     for reply, peer in zip(replies, (a, a, b)):
@@ -747,7 +747,7 @@ async def test_work_admitted_after_the_drain_ended_is_waited_for_within_the_same
     mw = make(app, admit_during_propagation=True)
     first = await mw.drain.drain(propagation_wait=0, timeout=10)
     assert first.drained
-    mw.drain.pinned.add(("127.0.0.1", 50000))
+    core(mw.drain).pinned.add(("127.0.0.1", 50000))
     rec = Recorder(mw.drain)
     results: list[object] = []
     async with anyio.create_task_group() as tg:
@@ -775,7 +775,7 @@ async def test_work_admitted_after_the_drain_ended_meets_the_original_deadline()
 
     mw = make(app, admit_during_propagation=True)
     assert (await mw.drain.drain(propagation_wait=0, timeout=0.3)).drained
-    mw.drain.pinned.add(("127.0.0.1", 50000))
+    core(mw.drain).pinned.add(("127.0.0.1", 50000))
     rec = Recorder(mw.drain)
     async with anyio.create_task_group() as tg:
         tg.start_soon(mw, http_scope(), no_body, rec)
@@ -785,7 +785,7 @@ async def test_work_admitted_after_the_drain_ended_meets_the_original_deadline()
     assert joined.result == "timeout" and joined.truncated == 1
     assert json.loads(rec.messages[1]["body"][len(b"data: ") :])["error"]["type"] == "server_shutdown"
     # After the deadline a pinned connection is refused like any other.
-    mw.drain.pinned.add(("127.0.0.1", 50000))
+    core(mw.drain).pinned.add(("127.0.0.1", 50000))
     late = Recorder(mw.drain)
     await mw(http_scope(), no_body, late)
     assert late.status == 503

@@ -16,6 +16,7 @@ WORKER = """
 import anyio, json, sys
 from graceful import Drain
 from graceful._asgi._metrics import MultiprocessMirror
+from graceful._drain._state import core
 
 drain = Drain(grace_period=10, reserve=2)
 mirror = MultiprocessMirror(drain)
@@ -25,7 +26,7 @@ async def main():
     for _ in range(int(sys.argv[1])):
         async with drain.track():
             pass
-    drain.count_rejected("server_draining")
+    core(drain).count_rejected("server_draining")
     if sys.argv[2] == "drain":
         await drain.drain(timeout=1)
     mirror.sync()
@@ -36,7 +37,8 @@ anyio.run(main)
 
 RENDER = """
 from graceful._asgi._metrics import render
-body, content_type = render(None)
+import os
+body, content_type = render(None, os.environ["PROMETHEUS_MULTIPROC_DIR"])
 print(content_type)
 print(body.decode())
 """
@@ -79,6 +81,7 @@ from asgi_lifespan import LifespanManager
 from prometheus_client import CollectorRegistry
 from graceful import GracefulMiddleware
 from graceful._asgi._metrics import render
+from graceful._drain._state import core
 
 async def app(scope, receive, send):
     while True:
@@ -94,7 +97,7 @@ async def main():
             pass
         # Nobody calls sync(): the lifespan's mirror loop pushes within a second.
         with anyio.fail_after(5):
-            while b'graceful_requests_total{outcome="completed"} 1.0' not in render(None)[0]:
+            while b'graceful_requests_total{outcome="completed"} 1.0' not in render(None, mw.multiprocess_dir)[0]:
                 await anyio.sleep(0.1)
     print("pushed")
 

@@ -28,8 +28,9 @@ HOOK = {
     "graceful._drain",
     "graceful._drain._durations",
     "graceful._drain._errors",
+    "graceful._drain._names",
 }
-WITH_CLICK = HOOK | {"graceful._cli._main"}
+WITH_CLICK = HOOK | {"graceful._cli._main", "graceful._cli._params"}
 FORBIDDEN = (
     "asyncio",
     "anyio",

@@ -102,9 +102,9 @@ def test_the_sweep_counts_finished_work_by_kind_rounded_up_by_less_than_its_peri
         for name, (length, _) in list(ends.items()):
             if name in running and clock[0] - started >= length:
                 running.pop(name).finish(COMPLETED)
-        ledger.sweep()
-    ledger.sweep()
-    plain, stream = (tally.durations.histograms()[kind] for kind in KINDS)
+        ledger.count_durations()
+    ledger.count_durations()
+    plain, stream = (tally.histograms.snapshot()[kind] for kind in KINDS)
     assert stream.count == 2 and plain.count == 3
     assert stream.longest() == 7.5 and stream.quantile(0.5) == 1.5  # 7.0 and 1.25: rounded up, not by a bucket
     assert plain.longest() == 0.8  # 0.75

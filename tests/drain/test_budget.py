@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -44,15 +45,15 @@ def test_parse_duration_refuses_bool() -> None:
 
 def test_budget_defaults_follow_the_reserve_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GRACEFUL_GRACE_PERIOD", raising=False)
-    default = Budget.resolve()
+    default = Budget.resolve(environ=os.environ)
     assert default.grace_period == 30.0
     assert default.reserve == 10.0  # 30% of 30 s is 9 s, but at least 10 s
     assert default.limit == 20.0
-    long = Budget.resolve(grace_period=120)
+    long = Budget.resolve(environ=os.environ, grace_period=120)
     assert long.reserve == pytest.approx(36.0)
     assert long.limit == pytest.approx(84.0)
     # A short grace period still leaves half of itself to drain.
-    assert Budget.resolve(grace_period="8s").limit == pytest.approx(4.0)
+    assert Budget.resolve(environ=os.environ, grace_period="8s").limit == pytest.approx(4.0)
 
 
 def test_budget_limit_is_min_of_timeout_and_room() -> None:
@@ -62,10 +63,10 @@ def test_budget_limit_is_min_of_timeout_and_room() -> None:
 
 def test_budget_reads_grace_period_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRACEFUL_GRACE_PERIOD", "2m")
-    assert Budget.resolve().grace_period == 120.0
+    assert Budget.resolve(environ=os.environ).grace_period == 120.0
     monkeypatch.setenv("GRACEFUL_GRACE_PERIOD", "soon")
     with pytest.raises(ConfigError, match="GRACEFUL_GRACE_PERIOD"):
-        Budget.resolve()
+        Budget.resolve(environ=os.environ)
 
 
 @pytest.mark.parametrize(
@@ -172,7 +173,7 @@ def test_budget_errors_word_for_word(options: dict[str, object], message: str) -
 def test_quiet_period_from_the_environment_is_named_in_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "5s")
     with pytest.raises(ConfigError) as info:
-        Budget.resolve(propagation_wait=2)
+        Budget.resolve(environ=os.environ, propagation_wait=2)
     assert str(info.value) == (
         "propagation_quiet 5s (environment variable GRACEFUL_PROPAGATION_QUIET='5s') is longer than "
         "propagation_wait 2s, its upper bound; raise propagation_wait to at least 5s (e.g. --propagation-wait 30s) "
@@ -180,29 +181,29 @@ def test_quiet_period_from_the_environment_is_named_in_errors(monkeypatch: pytes
     )
     monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "0")
     with pytest.raises(ConfigError) as info:
-        Budget.resolve(propagation_wait=2)
+        Budget.resolve(environ=os.environ, propagation_wait=2)
     assert str(info.value).startswith(
         "propagation_quiet: '0' (environment variable GRACEFUL_PROPAGATION_QUIET='0') must be above 0;"
     )
     monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "1s")
-    assert Budget.resolve(propagation_wait=2).propagation_quiet == 1.0
+    assert Budget.resolve(environ=os.environ, propagation_wait=2).propagation_quiet == 1.0
     monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "  ")  # blank: unset
-    assert Budget.resolve(propagation_wait=2).propagation_quiet is None
+    assert Budget.resolve(environ=os.environ, propagation_wait=2).propagation_quiet is None
 
 
 def test_blank_grace_period_variable_means_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRACEFUL_GRACE_PERIOD", "")
-    assert Budget.resolve().grace_period == 30.0
+    assert Budget.resolve(environ=os.environ).grace_period == 30.0
     monkeypatch.setenv("GRACEFUL_GRACE_PERIOD", "2m")
-    assert Budget.resolve(grace_period=50).grace_period == 50.0  # the option wins over the variable
+    assert Budget.resolve(environ=os.environ, grace_period=50).grace_period == 50.0  # the option wins over the variable
 
 
 def test_budget_keeps_what_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GRACEFUL_PROPAGATION_QUIET", raising=False)
-    assert Budget.resolve(grace_period=0.5, reserve=0.1) == Budget(0.5, 0.1, None, 0.0, None)
+    assert Budget.resolve(environ=os.environ, grace_period=0.5, reserve=0.1) == Budget(0.5, 0.1, None, 0.0, None)
     # Without a propagation wait here, a quiet period waits for a drain request that brings one.
-    assert Budget.resolve(propagation_quiet="5s") == Budget(30.0, 10.0, None, 0.0, 5.0)
-    assert Budget.resolve(propagation_wait=0.5, propagation_quiet=0.5).propagation_quiet == 0.5
+    assert Budget.resolve(environ=os.environ, propagation_quiet="5s") == Budget(30.0, 10.0, None, 0.0, 5.0)
+    assert Budget.resolve(environ=os.environ, propagation_wait=0.5, propagation_quiet=0.5).propagation_quiet == 0.5
 
 
 def test_default_name_in_a_duration_error() -> None:

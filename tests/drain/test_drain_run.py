@@ -14,6 +14,7 @@ import pytest
 from graceful import Budget, ConfigError, Drain, DrainResult, State
 from graceful._drain._budget import check_quiet
 from graceful._drain._ledger import COMPLETED, Tracked
+from graceful._drain._state import core
 
 pytestmark = pytest.mark.anyio
 
@@ -45,8 +46,8 @@ async def hold(drain: Drain, release: anyio.Event, name: str = "job") -> None:
 def test_drain_reads_its_budget_and_tally() -> None:
     drain = Drain(grace_period=12, reserve=2, drain_timeout=8, propagation_wait=1)
     assert drain.budget == Budget(grace_period=12, reserve=2, drain_timeout=8, propagation_wait=1)
-    assert drain.drain_durations is drain.tally.drain_durations
-    assert drain.propagation_durations is drain.tally.propagation_durations
+    assert core(drain).tally.drain_seconds is core(drain).tally.drain_seconds
+    assert core(drain).tally.propagation_seconds is core(drain).tally.propagation_seconds
 
 
 def test_transitions_are_logged_exactly(caplog: pytest.LogCaptureFixture) -> None:
@@ -95,7 +96,7 @@ def test_status_fields_before_during_and_after_a_drain() -> None:
     assert during.deadline == pytest.approx(during.drain_started + 4)
     assert during.propagation_until == pytest.approx(during.drain_started + 1)
     assert during.last_request is None
-    drain.admit_arrival()  # a new request during the propagation phase is recorded
+    core(drain).admit_arrival()  # a new request during the propagation phase is recorded
     arrived = drain.status().last_request
     assert arrived is not None and during.drain_started - 1e-6 <= arrived < during.drain_started + 1
     drain.resume()
@@ -127,18 +128,18 @@ async def test_result_fields_of_a_drained_run() -> None:
     assert result.propagation == pytest.approx(0.1, abs=0.05)
     assert result.last_request is None
     assert 0.1 - 1e-3 <= result.duration < 1.0 + 1.0  # 10x safety bound
-    assert drain.drain_durations == [result.duration]
-    assert drain.propagation_durations == [0.0]  # no new request came during the phase
+    assert core(drain).tally.drain_seconds == [result.duration]
+    assert core(drain).tally.propagation_seconds == [0.0]  # no new request came during the phase
     assert drain.counters()["drains"] == {"drained": 1}
 
 
 async def test_a_request_in_the_propagation_phase_is_dated_in_the_result() -> None:
     drain = serving()
     drain.begin_drain("preStop", propagation_wait=0.3, timeout=5)
-    assert drain.admit_arrival() is True  # admitted during the wait (the default)
+    assert core(drain).admit_arrival() is True  # admitted during the wait (the default)
     result = await drain.drain()
     assert result.last_request is not None and 0 <= result.last_request < 0.3
-    assert drain.propagation_durations == [pytest.approx(result.last_request)]
+    assert core(drain).tally.propagation_seconds == [pytest.approx(result.last_request)]
 
 
 async def test_propagation_wait_is_waited_without_sleeping_to_the_deadline() -> None:
@@ -174,7 +175,7 @@ async def test_quiet_rule_ends_the_phase_after_the_last_arrival(caplog: pytest.L
     with caplog.at_level(logging.INFO, logger="graceful"):
         drain.begin_drain("preStop", propagation_quiet=0.3, timeout=20)
         await anyio.sleep(0.1)
-        drain.admit_arrival()  # a request 0.1 s in moves the end to 0.4 s
+        core(drain).admit_arrival()  # a request 0.1 s in moves the end to 0.4 s
         with anyio.fail_after(5):
             result = await drain.drain()
     assert result.drained
@@ -224,14 +225,14 @@ async def test_wait_as_long_as_the_limit_is_taken_and_a_longer_one_refused(caplo
         drain.begin_drain("preStop", propagation_wait=2, timeout=2)
     assert messages(caplog) == []
     drain.resume()
-    before = drain.drain_run
+    before = core(drain).run
     with pytest.raises(ConfigError) as caught:
         drain.begin_drain("preStop", propagation_wait=3, timeout=2)
     assert str(caught.value) == (
         "propagation_wait 3s is longer than the whole drain: this drain's timeout is 2s; "
         "shorten propagation_wait or raise the timeout"
     )
-    assert drain.state is State.SERVING and drain.drain_run is before
+    assert drain.state is State.SERVING and core(drain).run is before
 
 
 async def test_resumed_run_reports_resumed_and_skips_on_drained() -> None:
@@ -252,7 +253,7 @@ async def test_resumed_run_reports_resumed_and_skips_on_drained() -> None:
     assert result.result == "resumed" and result.in_flight == 0
     assert calls == []
     assert drain.counters()["drains"] == {}
-    assert drain.drain_durations == []
+    assert core(drain).tally.drain_seconds == []
 
 
 async def test_stopped_with_work_left_reports_it() -> None:
@@ -297,12 +298,12 @@ async def test_a_follow_up_run_waits_for_work_admitted_after_the_drain() -> None
     """A pinned connection's one more request arrives after the drain has drained: a second
     drain() waits for it within the same deadline."""
     drain = serving(admit_during_propagation=True)
-    drain.pinned.add("peer")
+    core(drain).pinned.add("peer")
     first = await drain.drain(timeout=5)
     assert first.drained
-    assert drain.admit_arrival("peer") is True  # its one more request
-    item = Item(drain)
-    assert drain.admit_item(item)
+    assert core(drain).admit_arrival("peer") is True  # its one more request
+    item = Item(core(drain).ledger)
+    assert core(drain).ledger.admit_item(item)
     async with anyio.create_task_group() as tg:
 
         async def finish_soon() -> None:
@@ -319,23 +320,23 @@ async def test_a_follow_up_run_waits_for_work_admitted_after_the_drain() -> None
 
 async def test_a_pinned_peer_is_refused_after_the_deadline() -> None:
     drain = serving(admit_during_propagation=True)
-    drain.pinned.add("peer")
+    core(drain).pinned.add("peer")
     await drain.drain(timeout=0.05)
     await anyio.sleep(0.1)  # past the deadline
-    assert drain.admit_arrival("peer") is False
-    assert drain.admit_arrival(None) is False
+    assert core(drain).admit_arrival("peer") is False
+    assert core(drain).admit_arrival(None) is False
 
 
 async def test_refuse_mode_refuses_during_the_wait_and_counts_the_arrival() -> None:
     drain = serving(admit_during_propagation=False)
     drain.begin_drain("preStop", propagation_wait=5, timeout=10)
-    assert drain.admit_arrival("anyone") is False
+    assert core(drain).admit_arrival("anyone") is False
     assert drain.status().last_request is not None
     drain.resume()
-    assert drain.admit_arrival() is True
+    assert core(drain).admit_arrival() is True
     stopped = serving()
     stopped.mark_stopped()
-    assert stopped.admit_arrival() is False
+    assert core(stopped).admit_arrival() is False
 
 
 async def test_on_drained_gets_half_the_reserve_past_the_deadline() -> None:
@@ -458,17 +459,21 @@ async def test_the_leader_finishes_when_its_caller_is_cancelled() -> None:
 
 def test_settings_are_what_a_drain_with_these_overrides_would_use() -> None:
     drain = serving(propagation_wait=10, propagation_quiet=2)
-    assert drain.check_overrides() == (10.0, 2.0, 25.0)
-    assert drain.check_overrides(propagation_wait="1s", propagation_quiet="500ms", timeout="3s") == (1.0, 0.5, 3.0)
-    assert drain.check_overrides(timeout=100) == (10.0, 2.0, 25.0)  # never past grace - reserve
+    assert core(drain).overrides().as_tuple() == (10.0, 2.0, 25.0)
+    assert core(drain).overrides(propagation_wait="1s", propagation_quiet="500ms", timeout="3s").as_tuple() == (
+        1.0,
+        0.5,
+        3.0,
+    )
+    assert core(drain).overrides(timeout=100).as_tuple() == (10.0, 2.0, 25.0)  # never past grace - reserve
 
 
 def test_stopped_admits_nothing_even_inside_the_propagation_wait() -> None:
     drain = serving()
     drain.begin_drain("preStop", propagation_wait=5, timeout=10)
-    assert drain.admit_arrival() is True  # admitted during the wait (the default)
+    assert core(drain).admit_arrival() is True  # admitted during the wait (the default)
     drain.mark_stopped()
-    assert drain.admit_arrival() is False
+    assert core(drain).admit_arrival() is False
 
 
 async def test_after_the_phase_ends_it_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -482,7 +487,7 @@ async def test_after_the_phase_ends_it_is_counted_and_logged_once(caplog: pytest
     assert first.propagation_until == second.propagation_until
     assert result.propagation is not None
     assert first.propagation_until == pytest.approx(result.started_at + result.propagation)
-    assert drain.propagation_durations == [0.0]
+    assert core(drain).tally.propagation_seconds == [0.0]
     assert len([m for m in messages(caplog) if m.startswith("propagation phase over")]) == 1
 
 
@@ -505,7 +510,7 @@ async def test_an_idle_drain_whose_wait_ends_at_the_deadline_is_drained() -> Non
     with anyio.fail_after(5):
         result = await idle.drain(propagation_wait=0.1, timeout=0.1)
     assert result.result == "drained" and result.in_flight == 0 and result.truncated == 0
-    assert idle.tally.drains == {"drained": 1}
+    assert core(idle).tally.drains == {"drained": 1}
 
 
 async def test_the_leader_sleeps_through_the_wait_for_work_in_flight() -> None:
@@ -517,7 +522,7 @@ async def test_the_leader_sleeps_through_the_wait_for_work_in_flight() -> None:
         tg.start_soon(hold, drain, release)
         await anyio.wait_all_tasks_blocked()
         drain.begin_drain("preStop", propagation_wait=0.05, timeout=10)
-        run = drain.drain_run
+        run = core(drain).run
         assert run is not None
         checks = 0
         settle_propagation = run.settle_propagation

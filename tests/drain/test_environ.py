@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from graceful import ConfigError, Drain, GracefulMiddleware
-from graceful._asgi._options import DEFAULTS, ENVIRON, environment_rows
+from graceful._asgi._options import DECLARED, MIDDLEWARE_DECLARED, environment_rows
 from graceful._drain._environ import variable
 from graceful._drain._options import DRAIN_OPTIONS
 from tests.utils import ROOT
@@ -32,16 +32,16 @@ def make(**options: Any) -> GracefulMiddleware:
 
 
 def test_every_option_has_a_variable() -> None:
-    middleware = set(GracefulMiddleware.__init__.__kwdefaults__ or {}) - NOT_FROM_ENVIRON
-    assert set(ENVIRON) == DRAIN_OPTIONS | middleware
-    assert set(DEFAULTS) == middleware
+    middleware = set(GracefulMiddleware.__init__.__kwdefaults__ or {}) - NOT_FROM_ENVIRON - DRAIN_OPTIONS
+    assert set(DECLARED) == DRAIN_OPTIONS | middleware
+    assert set(MIDDLEWARE_DECLARED) == middleware
 
 
 def test_the_documented_table_lists_every_variable() -> None:
     page = (Path(ROOT) / "docs" / "middleware.md").read_text()
     section = page.split("## From the environment", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(GRACEFUL_\w+)` \|", section, re.MULTILINE))
-    assert documented == {variable(option) for option in ENVIRON}
+    assert documented == {variable(option) for option in DECLARED}
 
 
 def test_the_documented_table_is_the_one_the_declarations_write() -> None:
@@ -84,13 +84,13 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "GRACEFUL_FINAL_FRAME": "tests.drain.test_environ:hook",
         "GRACEFUL_ANNOUNCE_DRAIN": "no",
     }
-    assert set(env) == {variable(option) for option in ENVIRON}
+    assert set(env) == {variable(option) for option in DECLARED}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     mw = make()
     config = mw.drain.config
-    assert (config.grace_period, config.reserve, config.drain_timeout) == (120.0, 20.0, 90.0)
-    assert (config.propagation_wait, config.propagation_quiet) == (10.0, 2.0)
+    assert (config.budget.grace_period, config.budget.reserve, config.budget.drain_timeout) == (120.0, 20.0, 90.0)
+    assert (config.budget.propagation_wait, config.budget.propagation_quiet) == (10.0, 2.0)
     assert (config.admit_during_propagation, config.handoff_streams, config.drain_on_sigterm) == (False, True, False)
     assert config.on_drain_start is hook and config.on_drained is hook
     assert (config.hook_timeout, config.unwind_timeout) == (3.0, 0.5)
@@ -102,25 +102,25 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "/health/live",
         "/health/startup",
     ]
-    assert (mw.max_in_flight, mw.reject_over, mw.live_check, mw.fail_liveness) == (64, 128, hook, True)
+    assert (mw.max_in_flight, mw.reject_over, mw.options.live_check, mw.options.fail_liveness) == (64, 128, hook, True)
     settings = mw.shared
-    assert (settings.retry_after, settings.request_id_header, settings.ready_on_startup) == (
+    assert (settings.retry_after, settings.request_id_header, mw.options.ready_on_startup) == (
         b"3",
         b"x-request-id",
         False,
     )
-    assert (settings.admin, settings.socket_dir, settings.socket_mode, settings.final_frame) == (
+    assert (mw.options.admin, mw.options.socket_dir, mw.options.socket_mode, settings.final_frame) == (
         False,
         "/tmp/g-env",
         0o660,
         hook,
     )
-    assert settings.announce_drain is False
+    assert mw.options.announce_drain is False
     # A value given in code wins over the variable.
     mine = make(ready_path="/r", max_in_flight=2, propagation_wait="5s", admin=True)
     assert "/r" in mine._special and "/health/ready" not in mine._special
-    assert (mine.max_in_flight, mine.drain.config.propagation_wait, mine.shared.admin) == (2, 5.0, True)
-    assert Drain(grace_period=60).config.grace_period == 60.0
+    assert (mine.max_in_flight, mine.drain.config.budget.propagation_wait, mine.options.admin) == (2, 5.0, True)
+    assert Drain(grace_period=60).config.budget.grace_period == 60.0
 
 
 @pytest.mark.parametrize(
@@ -171,4 +171,4 @@ def test_empty_variables_are_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRACEFUL_READY_PATH", "  ")
     monkeypatch.setenv("GRACEFUL_DRAIN_TIMEOUT", "")
     mw = make()
-    assert "/ready" in mw._special and mw.drain.config.drain_timeout is None
+    assert "/ready" in mw._special and mw.drain.config.budget.drain_timeout is None

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from graceful import Drain, NotAccepting, State
+from graceful._drain._state import core
 from tests.drain.test_state import serving
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +30,7 @@ def test_failed_is_entered_from_every_live_state_once(start: str) -> None:
     assert drain.mark_failed("other") is False  # the first cause stays
     assert drain.failure is failure
     assert drain.counters()["failures"] == {"engine_dead": 1}
-    assert drain.admit_arrival() is False
+    assert core(drain).admit_arrival() is False
     assert drain.resume() is False
     drain.mark_serving()
     assert drain.state is State.FAILED
@@ -39,11 +40,11 @@ def test_stopped_is_not_failed_again_and_a_new_lifecycle_clears_the_failure() ->
     drain = serving()
     drain.mark_failed("engine_dead")
     drain.mark_stopped()
-    assert drain.state is State.STOPPED and drain.stopped_draining  # final for its lifecycle
+    assert drain.state is State.STOPPED and core(drain).stopped_draining  # final for its lifecycle
     assert drain.mark_failed("engine_dead") is False
     assert drain.failure is not None
-    assert drain.restart() is True
-    assert drain.state is State.STARTING and drain.failure is None and not drain.stopped_draining
+    assert core(drain).restart() is True
+    assert drain.state is State.STARTING and drain.failure is None and not core(drain).stopped_draining
     drain.mark_serving()
     assert drain.state is State.SERVING
 
@@ -75,7 +76,7 @@ async def test_a_drain_while_failed_waits_for_the_work_in_flight_and_stays_faile
         drain.mark_failed("engine_dead")
         assert drain.begin_drain("preStop", propagation_wait=0) is True
         assert drain.state is State.FAILED
-        run = drain.drain_run
+        run = core(drain).run
         assert drain.begin_drain("SIGTERM") is False
         results = []
 
@@ -84,7 +85,7 @@ async def test_a_drain_while_failed_waits_for_the_work_in_flight_and_stays_faile
 
         tg.start_soon(wait)
         await anyio.wait_all_tasks_blocked()
-        assert results == [] and drain.drain_run is run
+        assert results == [] and core(drain).run is run
         release.set()
     [result] = results
     assert result.drained and result.reason == "preStop"
@@ -97,9 +98,9 @@ async def test_a_drain_resumed_before_the_failure_is_not_joined() -> None:
     """A drain that was resumed belongs to the past: a drain after the failure starts its own run."""
     drain = serving()
     drain.begin_drain("maintenance", propagation_wait=10)
-    old = drain.drain_run
+    old = core(drain).run
     assert drain.resume()
     drain.mark_failed("engine_dead")
     result = await drain.drain(propagation_wait=0)
-    assert drain.drain_run is not old
+    assert core(drain).run is not old
     assert result.drained and result.reason == "drain" and drain.state is State.FAILED

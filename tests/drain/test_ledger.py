@@ -6,6 +6,7 @@ import pytest
 
 from graceful import Drain
 from graceful._drain._ledger import CANCELLED, CLIENT_DISCONNECTED, COMPLETED, ERROR, HANDED_OFF, OUTCOMES, Tracked
+from graceful._drain._state import core
 
 pytestmark = pytest.mark.anyio
 
@@ -14,7 +15,7 @@ class Item(Tracked):
     __slots__ = ("cuts",)
 
     def __init__(self, drain: Drain) -> None:
-        super().__init__(drain)
+        super().__init__(core(drain).ledger)
         self.cuts = 0
 
     def label(self) -> str:
@@ -38,11 +39,11 @@ def test_outcome_indexes_name_the_counters() -> None:
 def test_in_flight_is_the_ledger_and_an_item_finishes_once() -> None:
     drain = Drain()
     first, second = Item(drain), Item(drain)
-    assert drain.admit_item(first) and drain.admit_item(second)
-    assert drain.in_flight == 2 and drain.items() == (first, second)
+    assert core(drain).ledger.admit_item(first) and core(drain).ledger.admit_item(second)
+    assert drain.in_flight == 2 and core(drain).items() == (first, second)
     first.finish(COMPLETED)
     first.finish(ERROR)  # a second finish changes nothing
-    assert drain.in_flight == 1 and drain.items() == (second,)
+    assert drain.in_flight == 1 and core(drain).items() == (second,)
     assert drain.counters()["requests"] == {
         "completed": 1,
         "client_disconnected": 0,
@@ -50,21 +51,21 @@ def test_in_flight_is_the_ledger_and_an_item_finishes_once() -> None:
         "cancelled": 0,
         "handed_off": 0,
     }
-    (line,) = drain.leftover()
+    (line,) = core(drain).leftover()
     assert line.startswith("item (") and line.endswith("s)"), line
 
 
 def test_admission_stops_at_the_limit() -> None:
     drain = Drain()
-    assert drain.admit_item(Item(drain), 1)
-    assert not drain.admit_item(Item(drain), 1)
+    assert core(drain).ledger.admit_item(Item(drain), 1)
+    assert not core(drain).ledger.admit_item(Item(drain), 1)
     assert drain.in_flight == 1
 
 
 async def test_expire_cuts_open_work_once() -> None:
     drain = Drain()
     item = Item(drain)
-    drain.admit_item(item)
+    core(drain).ledger.admit_item(item)
     await item.expire()
     await item.expire()  # finished by the first cut: nothing more to do
     assert item.cuts == 1

@@ -9,7 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from graceful import Drain, GracefulMiddleware
-from graceful._drain._options import DRAIN_OPTIONS, OPTION_DOCS, DrainConfig
+from graceful._drain._budget import Budget
+from graceful._drain._environ import shown_default
+from graceful._drain._options import DRAIN_DECLARED, DRAIN_OPTIONS, DrainConfig
 from tests.utils import ROOT
 
 REPO = Path(ROOT)
@@ -35,12 +37,12 @@ def documented_rows() -> dict[str, tuple[str, str]]:
 
 def test_the_option_table_matches_the_config() -> None:
     rows = documented_rows()
-    for name in DRAIN_OPTIONS:
-        assert rows.get(name) == OPTION_DOCS[name], name
+    for name, (default, env) in DRAIN_DECLARED.items():
+        assert rows.get(name) == (shown_default(default, env), env.meaning), name
 
 
 def test_the_options_are_the_config_fields() -> None:
-    assert DRAIN_OPTIONS == set(DrainConfig.__dataclass_fields__)
+    assert DRAIN_OPTIONS == (set(Budget.__dataclass_fields__) | set(DrainConfig.__dataclass_fields__)) - {"budget"}
     assert "grace_period" in DRAIN_OPTIONS and "unwind_timeout" in DRAIN_OPTIONS
 
 
@@ -57,7 +59,7 @@ def test_unknown_options_are_refused_by_name() -> None:
 def test_drain_reads_its_config() -> None:
     drain = Drain(grace_period="40s", reserve=10, propagation_wait=5, hook_timeout="1s", admit_during_propagation=False)
     config = drain.config
-    assert (config.grace_period, config.reserve, config.propagation_wait) == (40.0, 10.0, 5.0)
+    assert (config.budget.grace_period, config.budget.reserve, config.budget.propagation_wait) == (40.0, 10.0, 5.0)
     assert (config.hook_timeout, config.unwind_timeout) == (1.0, 2.0)
     assert drain.budget.limit == 30.0
-    assert drain.admit_during_propagation is False
+    assert drain.config.admit_during_propagation is False

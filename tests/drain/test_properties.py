@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from graceful import GracefulMiddleware
 from graceful._asgi._types import Message, Receive, Scope, Send
+from graceful._drain._state import core
 
 # "late_disconnect": the response completes, then the app still calls receive() and sees
 # http.disconnect, as Starlette's StreamingResponse disconnect listener does.
@@ -142,7 +143,7 @@ async def _check(specs: list[tuple[int, str]], order: list[int], drain_at: int) 
         expected[EXPECTED[script.end]] += 1
     assert counted == expected
     assert sum(counted.values()) == len(scripts)
-    assert not mw.drain.items()
+    assert not core(mw.drain).items()
 
 
 @pytest.mark.parametrize("end", ENDS)

@@ -19,18 +19,20 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
+import graceful._drain._core
 import graceful._drain._run
 import graceful._drain._state
 from graceful import ConfigError, Drain, GracefulMiddleware, State
 from graceful._admin._client import WorkerDrain
 from graceful._asgi._types import Message, Receive, Scope, Send
 from graceful._cli._drain import _progress_line
+from graceful._drain._state import core
 
 pytestmark = pytest.mark.anyio
 
 
 class FakeTime:
-    """Stands in for ``time`` in graceful._drain._state and graceful._drain._run only (the event loop keeps
+    """Stands in for ``time`` in graceful._drain._state, _core and _run only (the event loop keeps
     real time)."""
 
     def __init__(self) -> None:
@@ -47,6 +49,7 @@ class FakeTime:
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
     fake = FakeTime()
     monkeypatch.setattr(graceful._drain._state, "time", fake)
+    monkeypatch.setattr(graceful._drain._core, "time", fake)
     monkeypatch.setattr(graceful._drain._run, "time", fake)
     return fake
 
@@ -87,7 +90,11 @@ async def get(mw: GracefulMiddleware, path: str = "/v1/completions") -> int:
 
 
 def propagation_left(drain: Drain, clock: FakeTime) -> float:
-    """Seconds until the propagation phase ends, as the drain sees it now."""
+    """Seconds until the propagation phase ends, as the drain sees it now (settling the phase as the
+    run's leader does when it wakes: ``status()`` only reads)."""
+    run = core(drain).run
+    assert run is not None
+    run.settle_propagation(graceful._drain._run.time.monotonic())
     until = drain.status().propagation_until
     assert until is not None
     return until - clock.time()
@@ -108,10 +115,10 @@ async def test_probes_and_exempt_paths_do_not_reset_it_requests_do(clock: FakeTi
     assert propagation_left(mw.drain, clock) == pytest.approx(0.5)  # still ends at t=3
     clock.now += 0.5
     assert await get(mw) == 503  # t=3: quiet for 2 s, so the phase is over and this is refused
-    assert mw.drain.propagation_durations == [pytest.approx(1.0)]
+    assert core(mw.drain).tally.propagation_seconds == [pytest.approx(1.0)]
     clock.now += 0.5
     assert await get(mw) == 503  # a refusal after the phase does not reopen it
-    assert mw.drain.propagation_durations == [pytest.approx(1.0)]
+    assert core(mw.drain).tally.propagation_seconds == [pytest.approx(1.0)]
 
 
 async def test_refused_requests_count_too(clock: FakeTime) -> None:
@@ -122,10 +129,10 @@ async def test_refused_requests_count_too(clock: FakeTime) -> None:
         clock.now += step
         assert await get(mw) == 503
         assert propagation_left(mw.drain, clock) == pytest.approx(2.0)
-    assert mw.drain.propagation_durations == []
+    assert core(mw.drain).tally.propagation_seconds == []
     clock.now += 2.0
     assert propagation_left(mw.drain, clock) == pytest.approx(0.0)
-    assert mw.drain.propagation_durations == [pytest.approx(4.9)]
+    assert core(mw.drain).tally.propagation_seconds == [pytest.approx(4.9)]
 
 
 async def test_propagation_wait_stays_the_upper_bound(clock: FakeTime) -> None:
@@ -138,7 +145,7 @@ async def test_propagation_wait_stays_the_upper_bound(clock: FakeTime) -> None:
     assert await get(mw) == 200  # t=4.999
     clock.now += 0.001
     assert await get(mw) == 503  # t=5: the wait's end, although the last request came 1 ms ago
-    assert mw.drain.propagation_durations == [pytest.approx(4.999)]
+    assert core(mw.drain).tally.propagation_seconds == [pytest.approx(4.999)]
 
 
 async def test_never_shorter_than_one_quiet_period(clock: FakeTime) -> None:
@@ -149,7 +156,7 @@ async def test_never_shorter_than_one_quiet_period(clock: FakeTime) -> None:
     assert propagation_left(mw.drain, clock) == pytest.approx(0.001, abs=1e-6)
     clock.now += 0.001
     assert await get(mw) == 503
-    assert mw.drain.propagation_durations == [0.0]
+    assert core(mw.drain).tally.propagation_seconds == [0.0]
 
 
 async def test_without_quiet_the_last_arrival_is_still_measured(clock: FakeTime) -> None:
@@ -164,7 +171,7 @@ async def test_without_quiet_the_last_arrival_is_still_measured(clock: FakeTime)
     assert last is not None and last == pytest.approx(clock.time() - 2.0)
     clock.now += 0.3
     assert await get(mw) == 503
-    assert mw.drain.propagation_durations == [pytest.approx(0.7)]
+    assert core(mw.drain).tally.propagation_seconds == [pytest.approx(0.7)]
 
 
 async def test_resume_and_a_new_drain_start_a_fresh_measurement(clock: FakeTime) -> None:
@@ -172,15 +179,15 @@ async def test_resume_and_a_new_drain_start_a_fresh_measurement(clock: FakeTime)
     drain.mark_serving()
     drain.begin_drain("first")
     clock.now += 1.0
-    assert drain.admit_arrival()
+    assert core(drain).admit_arrival()
     drain.resume()
     clock.now += 10.0
     assert drain.status().last_request is None or drain.state is State.SERVING
     drain.begin_drain("second")
     assert drain.status().last_request is None
     clock.now += 2.0
-    assert not drain.admit_arrival()
-    assert drain.propagation_durations == [0.0]  # the resumed drain recorded nothing
+    assert not core(drain).admit_arrival()
+    assert core(drain).tally.propagation_seconds == [0.0]  # the resumed drain recorded nothing
 
 
 # -- the drain runner: event-driven, real time ------------------------------------------------
@@ -210,7 +217,7 @@ async def test_drain_ends_one_quiet_period_after_the_last_request() -> None:
     assert result.propagation is not None and result.last_request is not None
     assert result.propagation == pytest.approx(result.last_request + 0.3)
     assert result.duration < 3.0  # 30 s is the upper bound; 10 x the expected 0.9 s as a safety bound
-    [seconds] = mw.drain.propagation_durations
+    [seconds] = core(mw.drain).tally.propagation_seconds
     assert 0.6 - 0.05 <= seconds <= result.duration - 0.3 + 0.01
 
 
@@ -218,7 +225,7 @@ async def test_drain_with_no_traffic_ends_after_one_quiet_period() -> None:
     mw = middleware(propagation_wait=30, propagation_quiet=0.2)
     result = await mw.drain.drain(reason="test")
     assert result.drained and 0.2 <= result.duration < 2.0
-    assert mw.drain.propagation_durations == [0.0]
+    assert core(mw.drain).tally.propagation_seconds == [0.0]
 
 
 async def test_upper_bound_holds_with_steady_traffic() -> None:
@@ -239,7 +246,7 @@ async def test_upper_bound_holds_with_steady_traffic() -> None:
     # Never 0.3 s of quiet: served all along the wait (a request racing the drain's end may be refused).
     assert statuses[0] == 200 and statuses == sorted(statuses)
     assert await get(mw) == 503  # the wait is over
-    [seconds] = mw.drain.propagation_durations
+    [seconds] = core(mw.drain).tally.propagation_seconds
     assert seconds <= 0.6
 
 
@@ -278,7 +285,7 @@ def test_quiet_with_no_wait_configured_waits_for_a_drain_request_that_brings_one
     """The preStop hook often brings the wait: a server-side quiet alone is not an error."""
     drain = Drain(grace_period=60, reserve=10, propagation_quiet=2)
     assert drain.budget.propagation_quiet == 2.0
-    wait, quiet, _ = drain.check_overrides(propagation_wait="30s")
+    wait, quiet, _ = core(drain).overrides(propagation_wait="30s").as_tuple()
     assert (wait, quiet) == (30.0, 2.0)
 
 
@@ -357,7 +364,7 @@ def test_cli_option_reaches_the_server(served: Any) -> None:
     assert worker["result"]["propagation"] == pytest.approx(0.3) and worker["result"]["last_request"] is None
     assert "(propagation phase 0.3 s, ended by the quiet rule, no new request)" in result.stderr
     assert worker["result"]["propagation_ended_by"] == "quiet" and worker["result"]["announced"] is None
-    assert served.mw.drain.propagation_durations == [0.0]
+    assert core(served.mw.drain).tally.propagation_seconds == [0.0]
 
 
 def test_cli_refuses_quiet_longer_than_the_wait_before_draining(served: Any) -> None:

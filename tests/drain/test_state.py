@@ -7,6 +7,7 @@ import anyio
 import pytest
 
 from graceful import ConfigError, Drain, DrainResult, NotAccepting, State
+from graceful._drain._state import core
 
 pytestmark = pytest.mark.anyio
 
@@ -317,11 +318,11 @@ async def test_drain_of_a_stopped_process_says_stopped() -> None:
 async def test_a_pod_deleted_while_still_loading_drains_at_once() -> None:
     drain = Drain(grace_period=30, reserve=5)
     before = drain.since
-    assert not drain.admit_arrival()
+    assert not core(drain).admit_arrival()
     result = await drain.drain(timeout=1)
     assert result.drained and drain.state is State.DRAINING
     assert drain.since >= before
-    assert not drain.admit_arrival(("127.0.0.1", 1))
+    assert not core(drain).admit_arrival(("127.0.0.1", 1))
 
 
 async def test_tracked_job_cancelled_from_outside_is_counted_cancelled() -> None:
@@ -344,14 +345,14 @@ async def test_tracked_job_cancelled_from_outside_is_counted_cancelled() -> None
 async def test_admits_during_the_propagation_wait_by_default() -> None:
     """The default: ready fails at once, new requests are served until the wait ends, then refused."""
     drain = serving()
-    assert drain.admit_during_propagation is True
+    assert drain.config.admit_during_propagation is True
     drain.begin_drain("test", propagation_wait=20)
     assert drain.state is State.DRAINING and not drain.accepting
-    assert drain.admit_arrival(("127.0.0.1", 1))
+    assert core(drain).admit_arrival(("127.0.0.1", 1))
     refusing = Drain(grace_period=30, reserve=5, admit_during_propagation=False)
     refusing.mark_serving()
     refusing.begin_drain("test", propagation_wait=20)
-    assert not refusing.admit_arrival(("127.0.0.1", 1))
+    assert not core(refusing).admit_arrival(("127.0.0.1", 1))
     ended = serving()
     ended.begin_drain("test", propagation_wait=0)
-    assert not ended.admit_arrival(("127.0.0.1", 1))
+    assert not core(ended).admit_arrival(("127.0.0.1", 1))

@@ -25,6 +25,7 @@ from examples.rollout.replica import Replica as ProcessReplica
 from examples.rollout.replica import ReplicaSettings
 from graceful._asgi._frames import resumable_final_frame
 from graceful._asgi._types import Receive, Scope, Send
+from graceful._drain._state import core
 from tests.litellm.proxy import Answer, Caller, LiteLLMProxy, deployment, needs_litellm, node_available, write_config
 from tests.resume_utils import TOKENS_PER_SECOND, Replica, expected_text, replica, service
 from tests.utils import ROOT, run_uvicorn
@@ -66,7 +67,7 @@ async def one_answer(proxy: LiteLLMProxy, model: str, tokens: int) -> Answer:
 async def streaming_on(a: Replica, count: int) -> None:
     """Until ``count`` streams on replica A have sent frames (the cut must find them mid-stream)."""
     with anyio.fail_after(60):
-        while not (a.app.drain.in_flight >= count and all(item.last for item in a.app.drain.items())):
+        while not (a.app.drain.in_flight >= count and all(item.last for item in core(a.app.drain).items())):
             await anyio.sleep(0.02)
 
 

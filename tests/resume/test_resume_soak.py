@@ -25,7 +25,8 @@ import pytest
 from click.testing import CliRunner
 
 from graceful import ConfigError
-from graceful._soak._exchange import count_mismatch
+from graceful._drain._state import core
+from graceful._soak._attempt import count_mismatch
 from graceful.cli import soak_command
 from graceful.soak import RequestRecord, SoakConfig, SoakReport, run_soak
 from tests.resume_utils import Replica, replica, service
@@ -184,7 +185,7 @@ async def test_a_handing_off_replica_refuses_a_resumable_request_it_would_only_h
         drain = a.app.drain
         pinned = [await anyio.connect_tcp("127.0.0.1", a.port) for _ in range(2)]
         for connection in pinned:
-            drain.pinned.add(connection.extra(anyio.abc.SocketAttribute.local_address))
+            core(drain).pinned.add(connection.extra(anyio.abc.SocketAttribute.local_address))
         async with anyio.create_task_group() as tg, httpx.AsyncClient(timeout=30) as client:
             body = {**chat, "max_tokens": 400, "stream": True}
             async with client.stream("POST", f"http://127.0.0.1:{a.port}/v1/chat/completions", json=body) as held:
@@ -192,7 +193,7 @@ async def test_a_handing_off_replica_refuses_a_resumable_request_it_would_only_h
                     await anext(held.aiter_lines())  # its first event: the stream runs
                 tg.start_soon(drain.drain)
                 with anyio.fail_after(10):
-                    while not drain.handing_off:
+                    while not core(drain).handing_off:
                         await anyio.sleep(0.01)
                 stream = json.dumps({**chat, "max_tokens": 40, "stream": True}).encode()
                 refused = await _one_request(pinned[0], stream, "x-graceful-resumable: 1\r\n")

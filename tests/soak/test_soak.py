@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from graceful._cli._soak import soak_command
 from graceful._drain._budget import ConfigError
-from graceful._soak._exchange import Outcome
+from graceful._soak._attempt import Outcome
 from graceful._soak._report import RequestRecord, SoakReport
 from graceful._soak._runner import SoakConfig, endpoint, parse_weights, run_soak
 from tests.apps.openai_app import (

@@ -31,8 +31,8 @@ sse-starlette's tests call an ``EventSourceResponse``) and apps in subprocesses 
 
 Each test's junit XML entry gets a ``graceful_refusals`` property (for example
 ``server_starting=2``) when a wrapped app refused requests during it, counted through
-``Drain.count_rejected``, so that ``scripts/upstream_compare.py`` can tell failures that follow
-from a refusal (no lifespan ran, so the app never left STARTING) from other differences.
+``Core.count_rejected`` (a ``Drain``'s internal face), so that ``scripts/upstream_compare.py`` can
+tell failures that follow from a refusal (no lifespan ran, so the app never left STARTING) from other differences.
 
 Every middleware uses the default options and so runs its admin socket at lifespan startup; the
 socket directory is ``$GRACEFUL_SOCKET_DIR``, set here to a short temporary directory when the
@@ -53,7 +53,8 @@ import pytest
 from starlette import testclient
 from starlette.applications import Starlette
 
-from graceful import Drain, GracefulMiddleware
+from graceful import GracefulMiddleware
+from graceful._drain._core import Core
 
 _MARK = "_graceful_upstream_wrapped"
 
@@ -144,16 +145,16 @@ _refused: Counter[str] = Counter()
 
 
 def _patch_refusal_count() -> None:
-    original: Callable[..., None] | None = getattr(Drain, "count_rejected", None)
+    original: Callable[..., None] | None = getattr(Core, "count_rejected", None)
     if original is None:  # the library no longer counts refusals there: no property then
         return
 
     @functools.wraps(original)
-    def count_rejected(self: Drain, reason: str, *args: Any, **kwargs: Any) -> None:
+    def count_rejected(self: Core, reason: str, *args: Any, **kwargs: Any) -> None:
         _refused[reason] += 1
         original(self, reason, *args, **kwargs)
 
-    Drain.count_rejected = count_rejected  # type: ignore[method-assign]
+    Core.count_rejected = count_rejected  # type: ignore[method-assign]
 
 
 def _socket_dir() -> None:

@@ -22,9 +22,10 @@ from typing import Any
 
 import httpx
 
+from .._stream._rules import event_stream
 from ._report import Attempt
 
-__all__ = ["COUNT_WORD", "Outcome", "count_mismatch", "describe", "exchange"]
+__all__ = ["COUNT_WORD", "Outcome", "count_mismatch", "describe", "run_attempt"]
 
 # The OpenAI SDK retries these statuses (openai-python `_should_retry`).
 _RETRY_STATUSES = frozenset({408, 409, 429})
@@ -66,7 +67,7 @@ class Outcome:
         return min(base * 2.0**n, cap) * (1 - 0.25 * rng.random())
 
 
-async def exchange(
+async def run_attempt(
     client: httpx.AsyncClient,
     url: str,
     body: dict[str, Any],
@@ -84,7 +85,7 @@ async def exchange(
             outcome.retry_after = _seconds(response.headers.get("retry-after"))
             hint = response.headers.get("x-should-retry", "").lower()
             outcome.should_retry = {"true": True, "false": False}.get(hint)
-            if stream and response.status_code < 300 and _is_sse(response):
+            if stream and response.status_code < 300 and event_stream(response.headers.get("content-type", "")):
                 await _read_stream(response, attempt, outcome)
             else:
                 await _read_body(response, attempt, outcome, stream)
@@ -249,11 +250,6 @@ def count_mismatch(text: str, chunks: int, usage: Mapping[str, Any], expected: i
     if completion is not None and completion != chunks:
         return f"usage says {completion} completion tokens, the stream carried {chunks}"
     return None
-
-
-def _is_sse(response: httpx.Response) -> bool:
-    media: str = response.headers.get("content-type", "").split(";")[0]
-    return media.strip().lower() == "text/event-stream"
 
 
 def _seconds(value: str | None) -> float | None:
