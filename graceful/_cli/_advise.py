@@ -24,7 +24,7 @@ from .._drain._durations import default_reserve, parse_duration
 from .._drain._errors import ConfigError
 from .._drain._observed import KINDS, Histogram, ObservationError
 from .._drain._options import DrainConfig
-from ._drain import EXIT_LEFTOVER, EXIT_NO_SERVER, EXIT_OK, EXIT_USAGE
+from ._servers import EXIT_LEFTOVER, EXIT_NO_SERVER, EXIT_OK, EXIT_USAGE
 
 __all__ = [
     "Problem",

@@ -1,7 +1,7 @@
 """The ``graceful`` console script (and ``python -m graceful``): exit as soon as the work is done.
 
 A preStop hook's start-up and exit count against the grace period. ``graceful drain`` in its
-common forms runs without importing click (see ``_drain``); every other command line goes
+common forms runs without importing click (see ``_servers``); every other command line goes
 to the click CLI. Interpreter teardown (collecting every imported module) measured hundreds of
 ms on a busy node, and the answer is already printed by then, so the script skips it.
 """
@@ -39,7 +39,7 @@ def _drain_without_click(argv: list[str]) -> int | None:
     """The exit code of ``graceful drain ...``; None when click has to read the command line."""
     if argv[:1] != ["drain"]:
         return None
-    from ._drain import UsageProblem, read_args, run_drain
+    from ._servers import UsageProblem, read_args, run_drain
 
     args = read_args(argv[1:])
     if args is None:

@@ -15,8 +15,8 @@ import click
 from .._admin._client import NoServer, discover, request_all
 from .._admin._wire import Field, Value
 from .._drain._names import variable
-from ._drain import BOTH_SOCKETS, EXIT_NO_SERVER, UsageProblem, run_drain
 from ._params import DURATION, fail
+from ._servers import BOTH_SOCKETS, EXIT_NO_SERVER, UsageProblem, run_drain
 
 __all__ = ["cli", "drain_command", "main"]
 

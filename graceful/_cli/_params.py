@@ -8,7 +8,7 @@ import click
 
 from .._drain._durations import parse_duration
 from .._drain._errors import ConfigError
-from ._drain import EXIT_USAGE
+from ._servers import EXIT_USAGE
 
 __all__ = ["DURATION", "Duration", "fail"]
 

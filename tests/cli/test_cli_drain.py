@@ -1,7 +1,7 @@
 """``graceful drain`` read without click (the console script's fast path) means what click reads.
 
 The preStop hook reads its common command lines itself, so that it does not pay for importing
-click (graceful/_cli/_drain.py). These tests hold that reader to the click command: the same
+click (graceful/_cli/_servers.py). These tests hold that reader to the click command: the same
 options, and for any command line either the same values or "let click read it".
 """
 
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graceful._cli._drain import OPTIONS, read_args
 from graceful._cli._main import DURATION, drain_command
+from graceful._cli._servers import OPTIONS, read_args
 
 ENGINE_OPTIONS = {"engine", "metrics_url", "metrics", "interval", "idle_reads", "kv_buffer", "help"}
 KEYS = (

@@ -20,7 +20,7 @@ HOOK = {
     "graceful",
     "graceful._cli",
     "graceful._cli._console",
-    "graceful._cli._drain",
+    "graceful._cli._servers",
     "graceful._admin",
     "graceful._admin._client",
     "graceful._admin._wire",

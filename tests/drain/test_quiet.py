@@ -25,7 +25,7 @@ import graceful._drain._state
 from graceful import ConfigError, Drain, GracefulMiddleware, State
 from graceful._admin._client import WorkerDrain
 from graceful._asgi._types import Message, Receive, Scope, Send
-from graceful._cli._drain import _progress_line
+from graceful._cli._servers import _progress_line
 from graceful._drain._state import core
 
 pytestmark = pytest.mark.anyio
