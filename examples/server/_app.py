@@ -16,9 +16,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from graceful import GracefulMiddleware
+from graceful import ConfigError, GracefulMiddleware
 
-from ._config import Config, drain_options_from_env, served_by
+from ._config import DRAIN_ENV, Config, drain_options_from_env, served_by
 from ._engine import Engine, EngineCollector, QueueFull, Ticket, selftest_loop
 from ._idempotency import IdempotencyStore, Stored
 from ._openai import DONE, Invalid, Job, Kind, chunk, error_body, full_body, parse, usage_chunk
@@ -66,9 +66,12 @@ def create_app(
 
     With ``config=None`` the settings and drain options come from the environment.
     """
+    from_variables: dict[str, str] = {}
     if config is None:
         config = Config.from_env()
-        options = {**drain_options_from_env(), **options}
+        from_env = drain_options_from_env()
+        from_variables = {name: DRAIN_ENV[name] for name in from_env if name not in options}
+        options = {**from_env, **options}
         # Match the launcher's --socket-dir (it exports it) so it sees no conflicting setting.
         options.setdefault("socket_dir", os.environ.get("GRACEFUL_SOCKET_DIR") or None)
     engine = Engine(slots=config.slots, queue_size=config.queue_size, tokens_per_second=config.tokens_per_second)
@@ -102,7 +105,14 @@ def create_app(
         lifespan=lifespan,
     )
     options.setdefault("exempt_paths", (EXECUTIONS_PATH,))
-    app = ExampleServer(inner, ready_on_startup=False, metrics_path="/metrics", registry=registry, **options)
+    try:
+        app = ExampleServer(inner, ready_on_startup=False, metrics_path="/metrics", registry=registry, **options)
+    except ConfigError as exc:
+        # The user set GRACEFUL_EXAMPLE_* variables, not these options: name what they typed.
+        named = [
+            f"{name} is {var}={os.environ[var].strip()}" for name, var in from_variables.items() if name in str(exc)
+        ]
+        raise ConfigError(f"{exc} ({'; '.join(named)})" if named else str(exc)) from None
     app.engine = engine
     app.store = store
     app.config = config

@@ -143,6 +143,8 @@ class WorkerDrain:
         self.handed_off = handed_off
         self.deadline = deadline
         self.since_last_request = since_last_request
+        # When the last progress event came (time.monotonic()): its figures are that much older when read.
+        self.heard: float | None = None
         self.progressed = progressed
         self.propagation_over = propagation_over
         self.result = result
@@ -237,6 +239,7 @@ def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
         worker.propagation_over = bool(line.get(Field.PROPAGATION_OVER))
         since = line.get(Field.SINCE_LAST_REQUEST)
         worker.since_last_request = float(since) if isinstance(since, (int, float)) else None
+        worker.heard = time.monotonic()
     elif event == Event.RESULT:
         worker.pid = line.get(Field.PID, worker.pid)
         worker.in_flight = int(line.get(Field.IN_FLIGHT) or 0)

@@ -3,18 +3,21 @@
 The arithmetic is ``_drain._advice``'s; this module gathers the evidence (every worker's admin
 status, or an engine's metrics page), prints the advice and turns its verdict into an exit code:
 0 when the budget in force covers the traffic seen (or cuts no more than ``--max-cut``), 1 when it
-cuts more, 2 for bad usage, 3 when no server (or engine) answers.
+cuts more or the grace period the traffic needs is over ``--max-grace-period``, 2 for bad usage
+(two sources of evidence at once among them), 3 when no server (or engine) answers.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from typing import Any
 
 import anyio
 import click
+from click.core import ParameterSource
 
 from .._admin._client import NoServer, discover, request_all
 from .._admin._wire import Field
@@ -27,15 +30,22 @@ from .._drain._options import DrainConfig
 from ._servers import EXIT_LEFTOVER, EXIT_NO_SERVER, EXIT_OK, EXIT_USAGE
 
 __all__ = [
+    "OVER_LIMIT",
     "Problem",
+    "as_typed",
     "engine_evidence",
     "evidence_from",
+    "one_source",
     "parse_share",
     "report",
     "run_advise",
     "saved_evidence",
     "server_evidence",
+    "verdict",
 ]
+
+# The verdict when the grace period the traffic needs is over --max-grace-period (exit 1, as "cuts").
+OVER_LIMIT = "over the limit"
 
 
 class Problem(Exception):
@@ -82,9 +92,18 @@ def server_evidence(socket_dir: str | None, socket: str | None) -> tuple[Evidenc
 
 
 def saved_evidence(files: tuple[str, ...]) -> tuple[Evidence, dict[str, Any]]:
-    """The workers' statuses saved by ``graceful status --json`` (a list per file), merged; raises Problem."""
-    bodies: list[dict[str, Any]] = []
+    """The workers' statuses saved by ``graceful status --json`` (a list per file), merged; raises Problem.
+
+    Input given twice counts once: a file named twice (by any path) is read once, and a worker saved
+    twice (the same process: its pid and when its counts began) counts by its latest status only.
+    """
+    read: set[str] = set()
+    workers: dict[tuple[object, ...], tuple[str, dict[str, Any]]] = {}
     for name in files:
+        path = os.path.realpath(name)
+        if path in read:
+            continue
+        read.add(path)
         try:
             with open(name, encoding="utf-8") as saved:
                 content = json.load(saved)
@@ -92,26 +111,51 @@ def saved_evidence(files: tuple[str, ...]) -> tuple[Evidence, dict[str, Any]]:
             raise Problem(f"--from {name}: {exc.strerror}; give a file written by graceful status --json") from None
         except ValueError as exc:
             raise Problem(f"--from {name}: not JSON ({exc}); give a file written by graceful status --json") from None
-        content = content if isinstance(content, list) else [content]
-        if not all(isinstance(body, dict) for body in content):
-            raise Problem(
-                f"--from {name}: not a list of worker statuses; give a file written by graceful status --json"
-            )
-        bodies.extend(content)
-    if not bodies:
-        raise Problem("--from: the files hold no worker status; give files written by graceful status --json")
-    return evidence_from(bodies)
+        for index, body in enumerate(content if isinstance(content, list) else [content]):
+            if not isinstance(body, dict) or Field.PID not in body or Field.STATE not in body:
+                raise Problem(
+                    f"--from {name}: not a worker status written by graceful status --json; "
+                    f"save one with graceful status --json > {name}"
+                )
+            key = _worker(body) or (path, index)
+            kept = workers.get(key)
+            if kept is None or _until(body) > _until(kept[1]):
+                workers[key] = (f"--from {name}", body)
+    if not workers:
+        given = " ".join(f"--from {name}" for name in files)
+        where = "it" if len(files) == 1 else "them"
+        raise Problem(f"{given}: no worker status in {where}; give files written by graceful status --json")
+    origins, bodies = zip(*workers.values(), strict=True)
+    return evidence_from(list(bodies), list(origins))
 
 
-def evidence_from(bodies: list[dict[str, Any]]) -> tuple[Evidence, dict[str, Any]]:
-    """Merge workers' statuses (``/status`` answers) and take the first one's budget; raises Problem."""
+def _worker(body: dict[str, Any]) -> tuple[object, ...] | None:
+    """Which process a saved status is (its pid and when its counts began), or None when it does not say."""
+    durations = body.get(Field.DURATIONS)
+    began = durations.get(Field.SINCE) if isinstance(durations, dict) else None
+    return None if began is None else (str(body.get(Field.PID)), str(began))
+
+
+def _until(body: dict[str, Any]) -> float:
+    """When a saved status's counts end (0 when it does not say): of two of one worker, the later holds more."""
+    durations = body.get(Field.DURATIONS)
+    until = durations.get(Field.UNTIL) if isinstance(durations, dict) else None
+    return float(until) if isinstance(until, (int, float)) else 0.0
+
+
+def evidence_from(bodies: list[dict[str, Any]], origins: list[str] | None = None) -> tuple[Evidence, dict[str, Any]]:
+    """Merge workers' statuses (``/status`` answers) and take the first one's budget; raises Problem.
+
+    ``origins`` says where each came from (``--from FILE``), for the messages."""
     histograms: dict[str, Histogram] = {}
     now = time.time()
     since, until, propagation = now, 0.0, list[float]()
-    for body in bodies:
+    for position, body in enumerate(bodies):
+        where = f"{origins[position]}: " if origins else ""
+        worker = f"{where}worker {body.get(Field.PID, '?')}"
         durations = body.get(Field.DURATIONS)
         if not isinstance(durations, dict) or Field.BOUNDS not in durations:
-            raise Problem(f"worker {body.get(Field.PID, '?')} reports no request durations: upgrade its graceful")
+            raise Problem(f"{worker} reports no request durations: upgrade its graceful")
         try:
             for kind in KINDS:
                 seen = Histogram.from_dict(durations[Field.BOUNDS], durations.get(kind) or {})
@@ -120,7 +164,7 @@ def evidence_from(bodies: list[dict[str, Any]]) -> tuple[Evidence, dict[str, Any
             until = max(until, float(durations.get(Field.UNTIL) or now))
             propagation.extend(float(p) for p in body.get(Field.PROPAGATION) or ())
         except (ObservationError, AttributeError, TypeError, ValueError) as exc:
-            raise Problem(f"worker {body.get(Field.PID, '?')}: unreadable durations ({exc})") from None
+            raise Problem(f"{worker}: unreadable durations ({exc})") from None
     workers = f"{len(bodies)} worker{'s' if len(bodies) != 1 else ''}"
     return Evidence(histograms, until - since, tuple(propagation), workers), dict(bodies[0].get(Field.BUDGET) or {})
 
@@ -134,7 +178,9 @@ def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str 
     name = histogram or (preset.histogram if preset is not None else "")
     if not name:
         if preset is not None:
-            raise Problem(f"{engine} publishes no request-duration histogram; name one with --histogram NAME")
+            raise Problem(
+                f"--engine {engine}: it publishes no request-duration histogram; name one with --histogram NAME"
+            )
         raise Problem("--metrics-url needs --engine (vllm, sglang, tgi) or --histogram NAME to know what to read")
     url = metrics_url or (preset.url if preset is not None else "")
     if not url:
@@ -144,6 +190,33 @@ def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str 
     except EvidenceError as exc:
         raise Problem(str(exc), EXIT_NO_SERVER if exc.unreachable else EXIT_USAGE) from None
     return Evidence({"all requests": seen}, None, (), f"{name} at {url}", sees_drains=False)
+
+
+def one_source(*sources: str) -> None:
+    """Refuse two sources of evidence at once (running servers, saved statuses, an engine's page);
+    raises Problem (exit 2). Each source is as the command line gave it (``--from status.json``),
+    or "" when not given: ``as_typed`` makes one."""
+    named = [source for source in sources if source]
+    if len(named) > 1:
+        listed = f"{', '.join(named[:-1])} or {named[-1]}"
+        raise Problem(
+            f"use {listed}, not {'both' if len(named) == 2 else 'more than one'}: each is a source of evidence"
+        )
+
+
+def as_typed(*options: tuple[str, str | None]) -> str:
+    """The first option of one source that the command line gave, as typed (``--engine vllm``), else ""."""
+    return next((f"{flag} {value}" for flag, value in options if value), "")
+
+
+def verdict(advice: Advice, max_cut: float, max_grace: float | None) -> str:
+    """The advice's own verdict (``holds``, ``cuts``, ``no evidence``), but ``OVER_LIMIT`` where it
+    holds while the grace period the traffic needs is over ``max_grace`` (or none can be read)."""
+    judged = advice.verdict(max_cut)
+    needed = advice.grace_period
+    if judged == "holds" and max_grace is not None and (needed is None or needed > max_grace):
+        return OVER_LIMIT
+    return judged
 
 
 def budget_from(in_force: dict[str, Any], given: dict[str, float | None]) -> tuple[Budget, bool]:
@@ -179,8 +252,8 @@ def _window(seconds: float | None) -> str:
     return f"over {seconds:.0f} s"
 
 
-def report(advice: Advice, max_cut: float) -> list[str]:
-    """The advice as the command prints it."""
+def report(advice: Advice, max_cut: float, max_grace: float | None = None, max_grace_given: str = "") -> list[str]:
+    """The advice as the command prints it; ``max_grace_given`` is ``--max-grace-period`` as typed."""
     evidence = advice.evidence
     if advice.requests == 0:
         return [f"graceful advise: {evidence.source}: no finished request seen yet; send traffic, then ask again"]
@@ -236,7 +309,18 @@ def report(advice: Advice, max_cut: float) -> list[str]:
     if advice.handoff is not None:
         lines.append(f"  {advice.handoff}")
     allowed = "none" if max_cut == 0 else f"{max_cut:.2%}"
-    lines.append(f"verdict: the budget in force {advice.verdict(max_cut)} (at risk {share:.2%}; allowed {allowed})")
+    judged = verdict(advice, max_cut, max_grace)
+    if judged == OVER_LIMIT:
+        limit = f"--max-grace-period {max_grace_given}"
+        judged = (
+            f"{OVER_LIMIT}: no grace period holds the longest requests seen, within {limit} or beyond"
+            if advice.grace_period is None
+            else f"{OVER_LIMIT}: the traffic seen needs a grace period of {advice.grace_period:g} s, "
+            f"more than {limit} allows"
+        )
+    else:
+        judged = f"the budget in force {judged}"
+    lines.append(f"verdict: {judged} (at risk {share:.2%}; allowed {allowed})")
     return lines
 
 
@@ -263,6 +347,12 @@ def run_advise(
         }
         share = parse_share(max_cut)
         longest = None if max_grace_period is None else parse_duration(max_grace_period, name="--max-grace-period")
+        # GRACEFUL_SOCKET_DIR says where servers are, not that they are the evidence: only the flag counts.
+        one_source(
+            as_typed(("--socket-dir", socket_dir if _typed("socket_dir") else None), ("--socket", socket)),
+            as_typed(("--from", saved[0] if saved else None)),
+            as_typed(("--engine", engine), ("--metrics-url", metrics_url), ("--histogram", histogram)),
+        )
         if engine is not None or metrics_url is not None or histogram is not None:
             evidence = engine_evidence(engine, metrics_url, histogram)
             in_force: dict[str, Any] = {}
@@ -280,10 +370,16 @@ def run_advise(
         else admit_during_propagation
     )
     advice = advise(evidence, budget, admit=bool(admit), max_grace=longest, reserve_given=reserve_given)
-    verdict = advice.verdict(share)
+    judged = verdict(advice, share, longest)
     if json_output:
-        click.echo(json.dumps({**advice.as_dict(), "max_cut": share, "verdict": verdict}))
+        click.echo(json.dumps({**advice.as_dict(), "max_cut": share, "max_grace_period": longest, "verdict": judged}))
     else:
-        for line in report(advice, share):
+        for line in report(advice, share, longest, max_grace_period or ""):
             click.echo(line)
-    return EXIT_LEFTOVER if verdict == "cuts" else EXIT_OK
+    return EXIT_LEFTOVER if judged in ("cuts", OVER_LIMIT) else EXIT_OK
+
+
+def _typed(name: str) -> bool:
+    """Whether the command line gave option ``name`` (rather than its environment variable)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is None or ctx.get_parameter_source(name) is not ParameterSource.ENVIRONMENT

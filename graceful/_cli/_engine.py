@@ -91,7 +91,8 @@ def _env_duration(var: str) -> float | None:
 
 
 def run_engine_drain(*, quiet: bool, json_output: bool, **settings: Any) -> int:
-    """Exit 0 when idle or gone, 1 when the budget ran out or the engine is dead, 2 on bad usage.
+    """Exit 0 when idle or gone, 1 when the budget ran out or the engine is dead, 2 on bad usage,
+    3 when no engine answers at the URL (the first read cannot connect at all).
 
     ``settings`` are ``EngineConfig``'s, as the command line gives them: ``timeout`` and
     ``grace_period`` fall back to the hook's environment (``_env_fallbacks``).
@@ -100,7 +101,7 @@ def run_engine_drain(*, quiet: bool, json_output: bool, **settings: Any) -> int:
         timeout, grace_period, grace_share = _env_fallbacks(settings.pop("timeout"), settings.pop("grace_period"))
         config = EngineConfig(**settings, timeout=timeout, grace_period=grace_period, grace_share=grace_share)
     except ConfigError as exc:
-        _say(f"error: {exc}")
+        _say(str(exc))
         return 2
     if not quiet:
         _say(
@@ -109,12 +110,24 @@ def run_engine_drain(*, quiet: bool, json_output: bool, **settings: Any) -> int:
             f"propagation wait {config.propagation_wait:g}s)"
         )
     result = anyio.run(partial(poll, config, None if quiet else _Progress(config), _warn))
-    return _print_result(config, result, quiet, json_output)
+    return _print_result(config, result, quiet, json_output, url_given=settings.get("metrics_url") is not None)
 
 
-def _print_result(config: EngineConfig, result: EngineDrainResult, quiet: bool, json_output: bool) -> int:
+def _print_result(
+    config: EngineConfig, result: EngineDrainResult, quiet: bool, json_output: bool, *, url_given: bool = True
+) -> int:
     counts = _counts(config, result.values)
-    if result.result == "dead":
+    if result.result == "unreachable":
+        # A preStop hook pointed at the wrong address must not pass as a drained engine.
+        preset = config.preset.name if config.preset is not None else "?"
+        source = "" if url_given else f", the address --engine {preset} reads by default"
+        fix = (
+            "check --metrics-url (the engine's host, port and path) and that the engine is running"
+            if url_given
+            else "pass --metrics-url with the engine's address, or check that the engine is running"
+        )
+        _say(f"no engine at {config.metrics_url}{source} ({result.last_error}); {fix}")
+    elif result.result == "dead":
         _say(f"the engine is dead ({result.last_error}) with {counts}: its work in flight is lost, nothing to drain")
     elif result.result == "gone":
         _say(

@@ -11,11 +11,12 @@ import time
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .._admin._client import NoServer, discover, request_all
 from .._admin._wire import Field, Value
 from .._drain._names import variable
-from ._params import DURATION, fail
+from ._params import DURATION, FromEnv, fail
 from ._servers import BOTH_SOCKETS, EXIT_NO_SERVER, UsageProblem, run_drain
 
 __all__ = ["cli", "drain_command", "main"]
@@ -25,9 +26,12 @@ ENGINES = ("vllm", "sglang", "tgi", "triton")
 
 socket_dir_option = click.option(
     "--socket-dir",
+    cls=FromEnv,
     envvar=variable("socket_dir"),
+    variables=(variable("socket_dir"),),
+    default_text="<tmp>/graceful-<uid>",
     type=click.Path(file_okay=False),
-    help=f"Directory of the worker sockets [env {variable('socket_dir')}; default <tmp>/graceful-<uid>].",
+    help="Directory of the worker sockets.",
 )
 socket_option = click.option("--socket", type=click.Path(dir_okay=False), help="Talk to this one socket only.")
 
@@ -70,13 +74,33 @@ ENGINE_ONLY = ("engine", "metrics_url", "metrics", "interval", "idle_reads", "kv
     default=None,
     help="End the propagation wait early once no new request has come for this long.",
 )
-@click.option("--timeout", type=DURATION, default=None, help="Give up on in-flight work after this long.")
-@click.option("--grace-period", type=DURATION, default=None, help="The pod's terminationGracePeriodSeconds.")
+@click.option(
+    "--timeout",
+    cls=FromEnv,
+    type=DURATION,
+    default=None,
+    variables=("DRAIN_TIMEOUT",),
+    default_text="none",
+    scope="engine mode",
+    help="Give up on in-flight work after this long (against servers: their own limit applies too).",
+)
+@click.option(
+    "--grace-period",
+    cls=FromEnv,
+    type=DURATION,
+    default=None,
+    variables=(variable("grace_period"), "GRACE_SECONDS"),
+    default_text="30 s",
+    scope="engine mode",
+    help="The pod's terminationGracePeriodSeconds.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 @click.option("--json", "json_output", is_flag=True, help="Print the outcome as JSON on stdout.")
 @click.option("--engine", type=click.Choice(ENGINES), default=None, help="Drain an inference engine by its metrics.")
-@click.option("--metrics-url", default=None, help="Engine metrics endpoint (Prometheus text).")
-@click.option("--metric", "metrics", multiple=True, help='In-flight metric: NAME or NAME{label="v"}; repeatable.')
+@click.option("--metrics-url", default=None, metavar="URL", help="Engine metrics endpoint (Prometheus text).")
+@click.option(
+    "--metric", "metrics", multiple=True, metavar="NAME", help='In-flight metric: NAME or NAME{label="v"}; repeatable.'
+)
 @click.option("--interval", type=DURATION, default="1s", show_default=True, help="Engine metrics poll interval.")
 @click.option("--idle-reads", type=click.IntRange(min=1), default=2, show_default=True, help="Zero reads in a row.")
 @click.option("--kv-buffer", type=DURATION, default="0", show_default=True, help="Extra wait after the engine idles.")
@@ -84,8 +108,7 @@ ENGINE_ONLY = ("engine", "metrics_url", "metrics", "interval", "idle_reads", "kv
 def drain_command(ctx: click.Context, /, **options: Any) -> None:
     """Drain every worker and wait until nothing is in flight (for a preStop hook)."""
     engine = {name: options.pop(name) for name in ENGINE_ONLY}
-    if options["socket_dir"] and options["socket"]:
-        fail(ctx, BOTH_SOCKETS)
+    options["socket_dir"] = _socket_dir(ctx, options["socket_dir"], options["socket"])
     if engine["engine"] is not None or engine["metrics_url"] is not None or engine["metrics"]:
         if options["propagation_quiet"] is not None:
             fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
@@ -93,7 +116,7 @@ def drain_command(ctx: click.Context, /, **options: Any) -> None:
         from ._engine import run_engine_drain
 
         budget = {name: options[name] for name in ("timeout", "grace_period", "quiet", "json_output")}
-        ctx.exit(run_engine_drain(**engine, **budget, propagation_wait=options["propagation_wait"] or 0.0))
+        ctx.exit(run_engine_drain(**engine, **budget, propagation_wait=options["propagation_wait"]))
     try:
         code = run_drain(**options)
     except UsageProblem as exc:
@@ -124,20 +147,27 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
 @socket_dir_option
 @socket_option
 @click.option("--engine", type=click.Choice(ENGINES), default=None, help="Read an engine's request-duration histogram.")
-@click.option("--metrics-url", default=None, help="The engine's metrics page [the engine's default].")
-@click.option("--histogram", default=None, help="The request-duration histogram to read [the engine's].")
+@click.option("--metrics-url", default=None, metavar="URL", help="The engine's metrics page [the engine's default].")
+@click.option(
+    "--histogram", default=None, metavar="NAME", help="The request-duration histogram to read [the engine's]."
+)
 @click.option(
     "--from",
     "saved",
     multiple=True,
+    metavar="FILE",
     help="Read workers' statuses saved by graceful status --json instead of asking running servers; repeatable.",
 )
 # Durations are read by ``run_advise``: a wrong one gets a one-line message, as every other problem does.
-@click.option("--grace-period", default=None, help="Judge this grace period [the server's].")
-@click.option("--reserve", default=None, help="Judge this reserve [the server's, else the default rule].")
-@click.option("--propagation-wait", default=None, help="The preStop hook's propagation wait [the server's].")
-@click.option("--propagation-quiet", default=None, help="The hook's quiet rule [the server's].")
-@click.option("--timeout", default=None, help="The drain timeout [the server's].")
+@click.option("--grace-period", default=None, metavar="DURATION", help="Judge this grace period [the server's].")
+@click.option(
+    "--reserve", default=None, metavar="DURATION", help="Judge this reserve [the server's, else the default rule]."
+)
+@click.option(
+    "--propagation-wait", default=None, metavar="DURATION", help="The preStop hook's propagation wait [the server's]."
+)
+@click.option("--propagation-quiet", default=None, metavar="DURATION", help="The hook's quiet rule [the server's].")
+@click.option("--timeout", default=None, metavar="DURATION", help="The drain timeout [the server's].")
 @click.option(
     "--admit-during-propagation/--no-admit-during-propagation",
     default=None,
@@ -146,10 +176,13 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
 @click.option(
     "--max-cut",
     default="0",
+    metavar="SHARE",
     show_default=True,
     help="Exit 1 when the budget leaves more than this share of the requests seen at risk (1% or 0.01).",
 )
-@click.option("--max-grace-period", default=None, help="The longest grace period the platform allows.")
+@click.option(
+    "--max-grace-period", default=None, metavar="DURATION", help="The longest grace period the platform allows."
+)
 @click.option("--json", "json_output", is_flag=True, help="Print the advice as JSON on stdout.")
 @click.pass_context
 def advise_command(ctx: click.Context, /, **options: Any) -> None:
@@ -162,8 +195,7 @@ def advise_command(ctx: click.Context, /, **options: Any) -> None:
     """
     from ._advise import run_advise
 
-    if options["socket_dir"] and options["socket"]:
-        fail(ctx, BOTH_SOCKETS)
+    options["socket_dir"] = _socket_dir(ctx, options["socket_dir"], options["socket"])
     ctx.exit(run_advise(**options))
 
 
@@ -190,18 +222,29 @@ def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
         ctx.exit(1)
 
 
-def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:
+def _socket_dir(ctx: click.Context, socket_dir: str | None, socket: str | None) -> str | None:
+    """The socket directory to search, or None with ``--socket``: both flags typed conflict (exit 2), while
+    ``--socket`` wins over a directory that only the environment gave."""
     if socket_dir and socket:
-        fail(ctx, BOTH_SOCKETS)
+        if ctx.get_parameter_source("socket_dir") is ParameterSource.COMMANDLINE:
+            fail(ctx, BOTH_SOCKETS)
+        return None
+    return socket_dir
+
+
+def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:
+    socket_dir = _socket_dir(ctx, socket_dir, socket)
     try:
         paths = discover(socket_dir, socket)
         answers = request_all(paths, method, url)
     except NoServer as exc:
-        click.echo(f"graceful: {exc}", err=True)
+        click.echo(f"graceful {ctx.info_name}: {exc}", err=True)
         ctx.exit(EXIT_NO_SERVER)
     live = {path: body for path, body in answers.items() if body is not None}
     if not live:
-        click.echo("graceful: no graceful server found: nothing is listening on " + ", ".join(paths), err=True)
+        click.echo(
+            f"graceful {ctx.info_name}: no graceful server found: nothing is listening on {', '.join(paths)}", err=True
+        )
         ctx.exit(EXIT_NO_SERVER)
     return live
 

@@ -7,15 +7,17 @@ variable and default as the declarations state them.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
 from click.core import ParameterSource
+from click.decorators import FC
 
 from .._drain._environ import shown_default, variable
 from .._drain._errors import ConfigError
 from .._drain._options import DRAIN_DECLARED
-from ._params import DURATION, fail
+from ._params import DURATION, FromEnv, fail
 
 __all__ = ["run_command"]
 
@@ -25,10 +27,20 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULT_KEEP_ALIVE = 75
 
 
-def _help(option: str, text: str) -> str:
-    """A drain flag's help: what it does, its variable and its default (from the option's declaration)."""
+def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
+    """A drain option's flag: its help ends with the value in force, from its variable or its declared
+    default (``FromEnv``)."""
+    option = flag.split("/")[0].removeprefix("--").replace("-", "_")
     default, env = DRAIN_DECLARED[option]
-    return f"{text} [env {variable(option)}; {shown_default(default, env)}]."
+    return click.option(
+        flag,
+        cls=FromEnv,
+        default=None,
+        variables=(variable(option),),
+        default_text=shown_default(default, env),
+        help=text,
+        **kwargs,
+    )
 
 
 @click.command("run")
@@ -43,35 +55,28 @@ def _help(option: str, text: str) -> str:
     help="Look for APP's module in this directory first (as uvicorn does): the current one by default.",
 )
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
-@click.option("--socket-dir", envvar=variable("socket_dir"), default=None, help="Admin socket directory.")
-@click.option("--grace-period", type=DURATION, help=_help("grace_period", "terminationGracePeriodSeconds"))
 @click.option(
-    "--propagation-wait", type=DURATION, help=_help("propagation_wait", "Keep serving this long after going unready")
+    "--socket-dir",
+    cls=FromEnv,
+    envvar=variable("socket_dir"),
+    variables=(variable("socket_dir"),),
+    default_text="<tmp>/graceful-<uid>",
+    help="Admin socket directory (exported to the workers).",
 )
-@click.option(
-    "--propagation-quiet",
-    type=DURATION,
-    help=_help("propagation_quiet", "End the propagation wait once no new request has come for this long"),
+@_drain_flag("--grace-period", "The pod's terminationGracePeriodSeconds.", type=DURATION)
+@_drain_flag("--propagation-wait", "Keep serving this long after going unready.", type=DURATION)
+@_drain_flag(
+    "--propagation-quiet", "End the propagation wait once no new request has come for this long.", type=DURATION
 )
-@click.option(
-    "--drain-timeout", type=DURATION, help=_help("drain_timeout", "Cap on the drain, below grace period - reserve")
-)
-@click.option("--reserve", type=DURATION, help=_help("reserve", "Part of the grace period kept for exit"))
-@click.option(
+@_drain_flag("--drain-timeout", "Cap on the drain, below grace period - reserve.", type=DURATION)
+@_drain_flag("--reserve", "Part of the grace period kept for exit.", type=DURATION)
+@_drain_flag(
     "--admit-during-propagation/--no-admit-during-propagation",
-    default=None,
-    help=_help(
-        "admit_during_propagation",
-        "Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start)",
-    ),
+    "Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start).",
 )
-@click.option(
+@_drain_flag(
     "--handoff-streams/--no-handoff-streams",
-    default=None,
-    help=_help(
-        "handoff_streams",
-        "After the propagation wait, end resumable SSE streams for their clients to continue elsewhere",
-    ),
+    "After the propagation wait, end resumable SSE streams for their clients to continue elsewhere.",
 )
 @click.option(
     "--timeout-keep-alive",

@@ -107,6 +107,8 @@ def read_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> dict[
             args[key] = value
         else:
             return None
+    if args["socket"] and "--socket-dir" not in {word.partition("=")[0] for word in argv}:
+        args["socket_dir"] = None  # --socket wins over a directory only the environment gave
     return args
 
 
@@ -172,7 +174,7 @@ def run_drain(
             on_start=begun,
         )
     except NoServer as exc:
-        _say(f"graceful: {exc}")
+        _say(f"graceful drain: {exc}")
         return EXIT_NO_SERVER
     return _conclude(workers, started, quiet=quiet, json_output=json_output)
 
@@ -191,7 +193,7 @@ def _conclude(workers: list[WorkerDrain], started: float, *, quiet: bool, json_o
         _say(json.dumps(outcome), out=True)
     for worker in workers:
         if not worker.reachable:
-            _say(f"graceful: skipped {worker.path}: nothing listening (stale socket)")
+            _say(f"graceful drain: skipped {worker.path}: nothing listening (stale socket)")
     if not quiet or not ok:
         for line in _report(live, time.monotonic() - started):
             _say(line)
@@ -211,9 +213,15 @@ def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
         line += f", {handed} stream{'s' if handed != 1 else ''} handed off"
     if deadlines:
         line += f", deadline in {max(0.0, max(deadlines) - time.time()):.0f} s"
-    # During the propagation phase: how long since traffic last arrived (the quiet rule's clock).
+    # During the propagation phase: how long since traffic last arrived (the quiet rule's clock), as of
+    # now: the server measured it when it sent its last progress event, up to a second ago.
     propagating = [w for w in running if w.progressed and not w.propagation_over]
-    quiet = [w.since_last_request for w in propagating if w.since_last_request is not None]
+    now = time.monotonic()
+    quiet = [
+        w.since_last_request + (0.0 if w.heard is None else max(0.0, now - w.heard))
+        for w in propagating
+        if w.since_last_request is not None
+    ]
     if quiet:
         line += f", last new request {min(quiet):.1f} s ago"
     elif propagating:

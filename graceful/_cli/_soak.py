@@ -39,7 +39,12 @@ def _weights_option(ctx: click.Context, param: click.Parameter, value: str) -> d
 @click.command("soak")
 @click.argument("url")
 @click.option(
-    "--duration", default="30s", show_default=True, callback=_duration_option, help="How long to send new requests."
+    "--duration",
+    default="30s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_duration_option,
+    help="How long to send new requests.",
 )
 @click.option(
     "--concurrency",
@@ -80,6 +85,7 @@ def _weights_option(ctx: click.Context, param: click.Parameter, value: str) -> d
     "--timeout",
     default="60s",
     show_default=True,
+    metavar="DURATION",
     callback=_duration_option,
     help="Limit for each attempt, from sending to the last body byte.",
 )

@@ -119,10 +119,12 @@ class DrainRun:
             last = max(0.0, self.last_arrival - self.started)
             self.machine.tally.propagation_seconds.append(last)
             logger.info(
-                "propagation phase over %.3fs after drain start (%s); last new request %.3fs after drain start%s",
+                "propagation phase over %.3fs after drain start (%s); %s%s",
                 end - self.started,
                 f"no new request for {self.quiet:g}s" if end < wait_end else "propagation_wait",
-                last,
+                f"last new request {last:.3f}s after drain start"
+                if self.last_arrival >= self.started
+                else "no new request",
                 "" if self.announced is None else f"; drain announced {self.announced - self.started:.3f}s after it",
             )
         return end

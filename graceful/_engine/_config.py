@@ -29,7 +29,7 @@ __all__ = [
     "engine_limit",
 ]
 
-EngineOutcome = Literal["idle", "timeout", "gone", "dead"]
+EngineOutcome = Literal["idle", "timeout", "gone", "dead", "unreachable"]
 
 MAX_KV_BUFFER = 30.0
 # The 70% rule of the hook proposed for kthena's ModelServing (its lossless-upgrade pull request): leave 30% of
@@ -56,8 +56,10 @@ class EngineDrainResult:
     """How an engine drain ended.
 
     ``result`` is ``idle`` when every metric read zero on enough consecutive reads,
-    ``gone`` when the engine refused connections on 3 reads in a row (nothing left to
-    protect), ``dead`` when its health check failed on 3 reads in a row while its metrics read
+    ``gone`` when the engine, having answered before, refused connections on 3 reads in a row
+    (nothing left to protect), ``unreachable`` when a read could not connect at all before any
+    read had reached the engine (no engine at the URL: exit 3, as ``graceful drain`` finding no
+    server), ``dead`` when its health check failed on 2 reads in a row while its metrics read
     busy (the work in flight is lost), and ``timeout`` when the budget ran out first.
     """
 
@@ -76,7 +78,7 @@ class EngineDrainResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.result in ("timeout", "dead") else 0
+        return {"timeout": 1, "dead": 1, "unreachable": 3}.get(self.result, 0)
 
     def as_dict(self) -> dict[str, object]:
         return {

@@ -51,6 +51,8 @@ class PageRead:
     values: dict[str, float | None] | None = None
     error: str | None = None
     refused: bool = False
+    unconnected: bool = False  # no connection could be made at all: refused, no such host, no route
+    reached: bool = True  # a connection was made (False also when the read ran out of time first)
     unreadable: bool = False  # an answer came, but not a page we can read: warn once
     fresh: bool = False  # the page shows an engine that has never served a request
 
@@ -94,10 +96,11 @@ async def read_page(client: httpx.AsyncClient, url: str, limit: float) -> PageRe
             status, charset, body = await _fetch(client, url)
         except httpx.ConnectError as exc:
             if _refused(exc):
-                return PageRead(error="connection refused", refused=True)
-            return PageRead(error=f"cannot connect: {exc}")
-        except httpx.TimeoutException:
-            return PageRead(error=f"no answer within {limit:.2g}s")
+                return PageRead(error="connection refused", refused=True, unconnected=True, reached=False)
+            return PageRead(error=f"cannot connect: {exc}", unconnected=True, reached=False)
+        except httpx.TimeoutException as exc:
+            connected = not isinstance(exc, httpx.ConnectTimeout)
+            return PageRead(error=f"no answer within {limit:.2g}s", reached=connected)
         except httpx.TransportError as exc:
             return PageRead(error=f"connection error: {type(exc).__name__}")
         except httpx.DecodingError as exc:
@@ -115,7 +118,7 @@ async def read_page(client: httpx.AsyncClient, url: str, limit: float) -> PageRe
         except UnicodeDecodeError as exc:
             reason = f"not {charset} text ({exc.reason} at byte {exc.start})"
             return PageRead(error=f"unreadable page: {reason}", unreadable=True)
-    return PageRead(error=f"no answer within {limit:.2g}s")
+    return PageRead(error=f"no answer within {limit:.2g}s", reached=False)  # connected or not: unknown
 
 
 def health_url(metrics_url: str, rules: EnginePreset | None) -> str | None:
@@ -218,7 +221,12 @@ def _apply_rules(
 async def poll(
     config: EngineConfig, on_progress: Callable[[EngineProgress], None] | None, warn: Callable[[str], None]
 ) -> EngineDrainResult:
-    """Read ``config``'s metrics page until the engine is idle, gone or dead, or the budget runs out."""
+    """Read ``config``'s metrics page until the engine is idle, gone or dead, or the budget runs out.
+
+    Until a read has reached the engine, a read that cannot connect at all ends the wait at once
+    (``unreachable``): nothing was ever there to drain, and a preStop hook pointed at the wrong
+    address must not pass as a drained engine. Refusals after the engine answered mean it is gone.
+    """
     url = cast(str, config.metrics_url)
     kv_buffer = cast(float, config.kv_buffer)
     propagation_wait = cast(float, config.propagation_wait)
@@ -229,6 +237,7 @@ async def poll(
     values: dict[str, float | None] = dict.fromkeys(config.metrics)
     warned: set[str] = set()
     reads = streak = refused = sick_reads = 0
+    reached = False  # whether any read has reached the engine yet
     streak_start = 0.0
     error: str | None = None
     moved: dict[str, float | None] | None = None
@@ -257,6 +266,9 @@ async def poll(
             read_at = anyio.current_time()
             reads += 1
             error = read.error
+            if read.unconnected and not reached:
+                return finish("unreachable")
+            reached = reached or read.reached
             refused = refused + 1 if read.refused else 0
             judged: dict[str, float | None] | None = None
             still = True

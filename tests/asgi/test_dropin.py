@@ -293,7 +293,7 @@ IMPOSSIBLE = ["drain", "--grace-period", "10", "--propagation-wait", "20s"]
 def test_graceful_drain_checks_its_budget_before_it_looks_for_servers(tmp_path: Any) -> None:
     empty = str(tmp_path)  # no server here: the budget error must come first
     expected = (
-        "graceful: --propagation-wait 20s is longer than the whole drain: --grace-period 10s leaves the drain 5s "
+        "graceful drain: --propagation-wait 20s is longer than the whole drain: --grace-period 10s leaves the drain 5s "
         "after the reserve; shorten --propagation-wait or raise --grace-period"
     )
     hook = subprocess.run(

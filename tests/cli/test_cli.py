@@ -172,9 +172,9 @@ def test_engine_mode_dispatches_to_engine_drain() -> None:
         )
     # Only the engine drain reads metrics URLs: seeing ours in the output proves the dispatch.
     assert f"127.0.0.1:{port}/metrics" in result.output
-    # Refused on every read: the engine is gone, nothing is left to protect.
-    assert result.exit_code == 0, result.output
-    assert "the engine is gone" in result.output
+    # Refused on the first read: no engine was ever there (a typo'd port), not an engine that is gone.
+    assert result.exit_code == 3, result.output
+    assert f"graceful drain: no engine at http://127.0.0.1:{port}/metrics (connection refused); " in result.output
 
 
 def test_metric_alone_means_engine_mode_and_asks_for_the_url() -> None:
@@ -310,7 +310,7 @@ def test_stale_socket_is_skipped_with_a_note(served: Served, socket_dir: str) ->
     assert outcome["result"] == "drained"
     assert [w["pid"] for w in outcome["workers"]] == [os.getpid()]
     stale_path = os.path.join(socket_dir, "999999.sock")
-    assert f"graceful: skipped {stale_path}: nothing listening (stale socket)" in result.stderr
+    assert f"graceful drain: skipped {stale_path}: nothing listening (stale socket)" in result.stderr
     assert "drained 1 of 1 worker" in result.stderr
 
 

@@ -125,6 +125,6 @@ def test_a_usage_problem_found_without_click_is_told_by_click(tmp_path: Any) -> 
     3. click reads it again: the same message and exit code as through the click CLI."""
     both = run_hook("--socket-dir", str(tmp_path), "--socket", str(tmp_path / "1.sock"))
     assert both.returncode == 2
-    assert both.stderr.strip() == "graceful: use --socket-dir or --socket, not both"
+    assert both.stderr.strip() == "graceful drain: use --socket-dir or --socket, not both"
     quiet = run_hook("--socket-dir", str(tmp_path), "--propagation-wait", "1s", "--propagation-quiet", "2s")
     assert quiet.returncode == 2 and "propagation_quiet" in quiet.stderr and "Traceback" not in quiet.stderr

@@ -207,7 +207,7 @@ async def test_a_quiet_period_as_long_as_the_wait_changes_nothing(caplog: pytest
         result = await drain.drain(propagation_wait=0.2, propagation_quiet=0.2, timeout=5)
     assert result.propagation == pytest.approx(0.2, abs=0.05)
     [line] = [m for m in messages(caplog) if m.startswith("propagation phase over")]
-    assert "(propagation_wait); last new request 0.000s after drain start" in line
+    assert line.endswith("(propagation_wait); no new request")  # none arrived: no time to give
 
 
 async def test_a_configured_quiet_period_applies_to_begin_drain() -> None:

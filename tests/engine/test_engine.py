@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from graceful import ConfigError
 from graceful._cli._engine import run_engine_drain
 from graceful._engine._page import PageError
+from graceful._engine._wait import REFUSED_READS
 from graceful.engine import PRESETS, EngineConfig, EngineProgress, effective_wait, read_metrics, wait_idle
 from tests.utils import refusing_port, run_uvicorn
 
@@ -515,14 +516,55 @@ async def test_kv_buffer_never_outlasts_the_budget(serve: Any) -> None:
     assert result.duration < 4.0  # the 0.4 s budget, not the 30 s buffer; 10x safety bound
 
 
-def test_unreachable_engine_is_gone_after_three_refused_reads(capsys: pytest.CaptureFixture[str]) -> None:
-    """Nothing listens on the port: the engine already exited, so there is nothing to protect."""
+def test_an_engine_never_reached_is_no_engine_at_its_url(capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing listens on the port from the first read (a typo'd port): the hook never reached an
+    engine, so it cannot pass as a drained one. Exit 3 at once, naming the URL; no second read."""
     with refusing_port() as port:
         url = f"http://127.0.0.1:{port}/metrics"
-        assert run_engine_drain(**cli_args(metrics_url=url, quiet=False)) == 0
+        assert run_engine_drain(**cli_args(metrics_url=url, quiet=False)) == 3
     result, err = json_result(capsys)
-    assert result["result"] == "gone" and result["reads"] == 3 and result["exit_code"] == 0
-    assert "connection refused on 3 reads in a row" in err and "the engine is gone" in err
+    assert result["result"] == "unreachable" and result["reads"] == 1 and result["exit_code"] == 3
+    assert result["duration"] < 1.0  # not the budget, not three reads
+    assert err.splitlines()[-1] == (
+        f"graceful drain: no engine at {url} (connection refused); "
+        "check --metrics-url (the engine's host, port and path) and that the engine is running"
+    )
+
+
+def test_no_such_host_is_no_engine_either(capsys: pytest.CaptureFixture[str]) -> None:
+    """A host name that does not resolve cannot connect at all either: exit 3 on the first read."""
+    url = "http://no-such-host.invalid:8000/metrics"
+    assert run_engine_drain(**cli_args(metrics_url=url, interval=1.0)) == 3  # a lookup gets 0.9 s
+    result, err = json_result(capsys)
+    assert result["result"] == "unreachable" and result["reads"] == 1
+    assert result["last_error"].startswith("cannot connect")
+    assert f"graceful drain: no engine at {url} (cannot connect" in err
+
+
+async def test_an_engine_that_answered_then_refuses_is_gone(capsys: pytest.CaptureFixture[str]) -> None:
+    """1. the engine answers busy 2. it exits (its port refuses) 3. three refused reads: it is gone,
+    nothing is left to protect (exit 0), as before issue 46."""
+    engine = ScriptedEngine(BUSY)
+    context = run_uvicorn(engine, lifespan="off")
+    server = await context.__aenter__()
+    url = f"http://127.0.0.1:{server.port}/metrics"
+
+    async def stop_after_the_first_read() -> None:
+        while engine.reads == 0:
+            await anyio.sleep(0.005)
+        server.should_exit = True
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_after_the_first_read)
+            code = await drain_cli(metrics_url=url, timeout=5, quiet=False)
+    finally:
+        await context.__aexit__(None, None, None)
+    assert code == 0
+    result, err = json_result(capsys)
+    assert result["result"] == "gone" and result["exit_code"] == 0 and engine.reads >= 1
+    assert result["reads"] >= engine.reads + REFUSED_READS
+    assert f"connection refused on {REFUSED_READS} reads in a row at {url}: the engine is gone" in err
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
@@ -530,7 +572,7 @@ async def test_refused_is_recognised_on_every_backend() -> None:
     """asyncio raises ConnectionRefusedError; trio wraps one per address in an ExceptionGroup."""
     with refusing_port() as port:
         result = await wait_idle("vllm", metrics_url=f"http://127.0.0.1:{port}/metrics", interval=0.05, timeout=5)
-    assert result.result == "gone" and result.reads == 3 and result.last_error == "connection refused"
+    assert result.result == "unreachable" and result.reads == 1 and result.last_error == "connection refused"
 
 
 @contextlib.contextmanager
