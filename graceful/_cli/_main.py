@@ -255,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         result = cli.main(args=argv, prog_name="graceful", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.UsageError as exc:
+        # One line in the command's voice, as every other message (docs/cli.md, "Messages"), not
+        # click's three (usage, hint, error).
+        ctx = exc.ctx
+        command = f"graceful {ctx.info_name}" if ctx is not None and ctx.parent is not None else "graceful"
+        click.echo(f"{command}: {exc.format_message().rstrip('.')} (see {command} --help)", err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

@@ -24,10 +24,12 @@ class Duration(click.ParamType[float]):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
+        name = param.name if param and param.name else "duration"
         try:
-            return parse_duration(value, name=param.name if param and param.name else "duration")
+            return parse_duration(value, name=name)
         except ConfigError as exc:
-            self.fail(str(exc), param, ctx)
+            # click names the flag as typed ("Invalid value for '--timeout'"): the rest is the reason.
+            self.fail(str(exc).removeprefix(f"{name}: "), param, ctx)
 
 
 DURATION = Duration()

@@ -61,6 +61,7 @@ def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
     envvar=variable("socket_dir"),
     variables=(variable("socket_dir"),),
     default_text="<tmp>/graceful-<uid>",
+    type=click.Path(file_okay=False),
     help="Admin socket directory (exported to the workers).",
 )
 @_drain_flag("--grace-period", "The pod's terminationGracePeriodSeconds.", type=DURATION)

@@ -1,0 +1,170 @@
+"""Bad input on the command line, table-driven (issue 46): each gets its exit code and one line on stderr
+in the command's voice, naming the value as the user gave it (the flag as typed, the variable as set),
+and never a traceback. Each row runs the real console script in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.utils import ROOT
+
+PLAIN_APP = """
+async def app(scope, receive, send):
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+"""
+
+# (id, arguments, environment, exit code, what the one line starts with, what it must name)
+ROWS = [
+    ("run-port-high", ["run", "examples.server:app", "--port", "99999"], {}, 2, "graceful run:", ["'--port'", "99999"]),
+    ("run-port-negative", ["run", "examples.server:app", "--port", "-1"], {}, 2, "graceful run:", ["'--port'", "-1"]),
+    (
+        "run-grace-negative",
+        ["run", "x:app", "--grace-period", "-1"],
+        {},
+        2,
+        "graceful run:",
+        ["'--grace-period'", "'-1' is negative"],
+    ),
+    (
+        "run-grace-negative-s",
+        ["run", "x:app", "--grace-period", "-1s"],
+        {},
+        2,
+        "graceful run:",
+        ["'--grace-period'", "'-1s' is negative"],
+    ),
+    (
+        "run-grace-variable",
+        ["run", "plain:app", "--app-dir", "{dir}"],
+        {"GRACEFUL_GRACE_PERIOD": "abc"},
+        2,
+        "graceful run:",
+        ["GRACEFUL_GRACE_PERIOD", "'abc'"],
+    ),
+    (
+        "run-reserve-variable",
+        ["run", "plain:app", "--app-dir", "{dir}"],
+        {"GRACEFUL_RESERVE": "40"},
+        2,
+        "graceful run:",
+        ["GRACEFUL_RESERVE", "40"],
+    ),
+    (
+        "run-socket-mode-variable",
+        ["run", "plain:app", "--app-dir", "{dir}"],
+        {"GRACEFUL_SOCKET_MODE": "777"},
+        2,
+        "graceful run:",
+        ["GRACEFUL_SOCKET_MODE", "'777'"],
+    ),
+    (
+        "run-example-variable",
+        ["run", "examples.server:app"],
+        {"GRACEFUL_EXAMPLE_PROPAGATION_WAIT": "60s"},
+        2,
+        "graceful run:",
+        ["GRACEFUL_EXAMPLE_PROPAGATION_WAIT=60s"],
+    ),
+    (
+        "run-socket-dir-file",
+        ["run", "x:app", "--socket-dir", "{file}"],
+        {},
+        2,
+        "graceful run:",
+        ["'--socket-dir'", "{file}"],
+    ),
+    ("run-no-module", ["run", "no_such_module_here:app"], {}, 2, "graceful run:", ["no_such_module_here:app"]),
+    ("no-command", ["nosuch"], {}, 2, "graceful:", ["'nosuch'"]),
+    (
+        "drain-both-sockets",
+        ["drain", "--socket-dir", "{dir}", "--socket", "{dir}/1.sock"],
+        {},
+        2,
+        "graceful drain:",
+        ["--socket-dir", "--socket"],
+    ),
+    ("drain-bad-duration", ["drain", "--timeout=later"], {}, 2, "graceful drain:", ["'--timeout'", "'later'"]),
+    ("drain-unknown-option", ["drain", "--no-such-option"], {}, 2, "graceful drain:", ["'--no-such-option'"]),
+    (
+        "drain-wait-over-budget",
+        ["drain", "--grace-period", "10", "--propagation-wait", "20s"],
+        {},
+        2,
+        "graceful drain:",
+        ["--propagation-wait 20s", "--grace-period 10s"],
+    ),
+    ("drain-no-server", ["drain", "--socket", "{dir}/1.sock"], {}, 3, "graceful drain:", ["{dir}/1.sock"]),
+    (
+        "drain-no-engine",
+        ["drain", "-q", "--engine", "vllm", "--metrics-url", "http://127.0.0.1:1/metrics"],
+        {},
+        3,
+        "graceful drain:",
+        ["no engine at http://127.0.0.1:1/metrics"],
+    ),
+    (
+        "status-both-sockets",
+        ["status", "--socket-dir", "{dir}", "--socket", "{dir}/1.sock"],
+        {},
+        2,
+        "graceful status:",
+        ["--socket-dir", "--socket"],
+    ),
+    ("status-no-server", ["status", "--socket", "{dir}/1.sock"], {}, 3, "graceful status:", ["{dir}/1.sock"]),
+    (
+        "advise-two-sources",
+        ["advise", "--engine", "vllm", "--from", "{status}"],
+        {},
+        2,
+        "graceful advise:",
+        ["--engine vllm", "--from {status}"],
+    ),
+    ("advise-wrong-shape", ["advise", "--from", "{wrong}"], {}, 2, "graceful advise:", ["--from {wrong}"]),
+    (
+        "advise-bad-duration",
+        ["advise", "--from", "{status}", "--grace-period", "soon"],
+        {},
+        2,
+        "graceful advise:",
+        ["--grace-period", "'soon'"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "code", "prefix", "named"), [row[1:] for row in ROWS], ids=[row[0] for row in ROWS]
+)
+def test_bad_input_gets_one_line_in_the_commands_voice(
+    argv: list[str], env: dict[str, str], code: int, prefix: str, named: list[str], tmp_path: Path
+) -> None:
+    places = {
+        "dir": str(tmp_path),
+        "file": str(tmp_path / "a-file"),
+        "status": str(tmp_path / "status.json"),
+        "wrong": str(tmp_path / "wrong.json"),
+    }
+    (tmp_path / "a-file").write_text("not a directory")
+    (tmp_path / "plain.py").write_text(PLAIN_APP)
+    (tmp_path / "status.json").write_text("[]")
+    (tmp_path / "wrong.json").write_text(json.dumps({"hello": "world"}))
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("GRACEFUL_")}
+    environ |= {"GRACEFUL_SOCKET_DIR": str(tmp_path), **env}
+    done = subprocess.run(
+        [sys.executable, "-m", "graceful", *(arg.format(**places) for arg in argv)],
+        cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(prefix + " "), lines[0]
+    for text in named:
+        assert text.format(**places) in lines[0], lines[0]
