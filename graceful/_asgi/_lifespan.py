@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
+from .._drain._errors import ConfigError
 from .._drain._observed import SWEEP
 from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
@@ -70,7 +71,8 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
                             # the admin socket that the preStop hook needs.
                             drain.mark_stopped("startup failed")
                             stopped = True
-                            await send({"type": "lifespan.startup.failed", "message": f"graceful: {exc}"})
+                            failure = f"graceful: {_cause(exc, shared)}"
+                            await send({"type": "lifespan.startup.failed", "message": failure})
                             return
                     if shared.options.ready_on_startup:
                         drain.mark_serving()
@@ -106,6 +108,26 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
             raise error
         finally:
             error = None  # no reference cycle through this frame
+
+
+def _cause(exc: BaseException, shared: Shared) -> str:
+    """What failed at startup, in one line: the errors inside the task groups' ExceptionGroups (whose
+    own message only counts them), each as the user can act on it."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(dict.fromkeys(_cause(inner, shared) for inner in exc.exceptions))
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    if isinstance(exc, OSError) and shared.options.admin:
+        from .._admin._paths import default_socket_dir
+
+        where = shared.options.socket_dir or default_socket_dir()
+        return (
+            f"cannot create the admin socket in {where}: {exc.strerror or exc}; set socket_dir "
+            "(GRACEFUL_SOCKET_DIR) to a directory of this user's, or turn the admin socket off (admin=False, "
+            "GRACEFUL_ADMIN=0) and drain through SIGTERM"
+        )
+    logger.error("startup failed", exc_info=exc)  # not a setting: a bug, whose traceback is the lead
+    return f"{type(exc).__name__}: {exc}"
 
 
 class _Services:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from .._drain._core import Duration
 from .._drain._environ import UNSET
+from .._drain._errors import ConfigError, reported
 from .._drain._ledger import ERROR, NO_LIMIT
 from .._drain._options import DRAIN_OPTIONS, Hook
 from .._drain._state import Drain, core
@@ -97,15 +98,22 @@ class GracefulMiddleware:
             raise TypeError(f"GracefulMiddleware: app must be an ASGI application (a callable), got {app!r}")
         # An option not passed comes from its GRACEFUL_* variable, else its default, so a server that
         # loads the middleware by name (vllm serve --middleware) is configured by its environment.
-        options = MiddlewareConfig.resolve({name: given[name] for name in MIDDLEWARE_DECLARED}, os.environ)
+        # Every value is checked here, never first at startup or at a request; a wrong one is raised
+        # as the server that imports the app reports in one line (``reported``).
         drain_options = {name: given[name] for name in DRAIN_OPTIONS if given[name] is not UNSET}
-        if drain is None:
-            drain = Drain(**drain_options)
-        elif drain_options:
+        if drain is not None and not isinstance(drain, Drain):
+            raise TypeError(f"GracefulMiddleware: drain must be a Drain (or None for a new one), got {drain!r}")
+        if drain is not None and drain_options:
             raise TypeError(
                 f"pass {sorted(drain_options)} to Drain(...) or leave drain=None; "
                 "GracefulMiddleware cannot reconfigure an existing Drain"
             )
+        try:
+            options = MiddlewareConfig.resolve({name: given[name] for name in MIDDLEWARE_DECLARED}, os.environ)
+            if drain is None:
+                drain = Drain(**drain_options)
+        except ConfigError as exc:
+            raise reported(exc).with_traceback(None) from None
         self.app = app
         self.drain = drain
         self.core = inner = core(drain)

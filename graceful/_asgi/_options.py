@@ -6,26 +6,33 @@ caller passed, fills the rest from the environment it is given, else the default
 values. ``DECLARED`` is every option, drain and middleware alike, in the order of the
 documentation's tables, which ``option_rows`` and ``environment_rows`` write and a test holds to
 the page.
+
+Every value is checked here, when the middleware is built: a value that could only fail later
+(at startup, at the first request, at the deadline) is refused now, naming the option as the user
+gave it (the Python option, or the variable), the value and the fix.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._admin._paths import SOCKET_MODE
+from .._admin._paths import SOCKET_MODE, socket_dir_problem
 from .._drain._environ import (
     Env,
+    callable_kind,
     count,
     declared,
     flag,
     from_environ,
     is_none,
-    named_object,
     option,
     option_rows,
     table_rows,
+    variable,
     whole_seconds,
 )
 from .._drain._errors import ConfigError
@@ -34,40 +41,137 @@ from ._frames import FinalFrame, default_final_frame
 
 __all__ = ["DECLARED", "DEFAULTS", "MIDDLEWARE_DECLARED", "MiddlewareConfig", "environment_rows", "middleware_rows"]
 
+# -- the middleware's kinds of value: each a reader (variable, text) and a check (option, value) ------
+
+
+def _refuse(label: str, shown: object, problem: str | None) -> None:
+    if problem is not None:
+        raise ConfigError(f"{label}: {shown!r} {problem}")
+
+
+def _env(var: str) -> str:
+    return f"environment variable {var}"
+
+
+def _not_path(value: object) -> str | None:
+    if isinstance(value, str) and value.startswith("/"):
+        return None
+    return "is not a path; use one that starts with /, e.g. /ready"
+
 
 def _path(var: str, raw: str) -> str:
-    if not raw.startswith("/"):
-        raise ConfigError(f"environment variable {var}: {raw!r} is not a path; use one that starts with /, e.g. /ready")
+    _refuse(_env(var), raw, _not_path(raw))
     return raw
+
+
+def _check_path(name: str, value: Any) -> str:
+    _refuse(name, value, _not_path(value))
+    return str(value)
 
 
 def _optional_path(var: str, raw: str) -> str | None:
     return None if is_none(raw) else _path(var, raw)
 
 
+def _check_optional_path(name: str, value: Any) -> str | None:
+    return None if value is None else _check_path(name, value)
+
+
 def _paths(var: str, raw: str) -> tuple[str, ...]:
     return tuple(_path(var, part.strip()) for part in raw.split(",") if part.strip())
+
+
+def _check_paths(name: str, value: Any) -> tuple[str, ...]:
+    # A lone string would be taken apart letter by letter, "/" first: every request exempt.
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name}: {value!r} is not a list of paths; use e.g. ('/metrics', '/version')")
+    paths = tuple(value)
+    for path in paths:
+        wrong = _not_path(path)
+        if wrong:
+            raise ConfigError(f"{name}: {value!r} holds {path!r}, which {wrong}")
+    return paths
+
+
+def _not_header(value: object) -> str | None:
+    if isinstance(value, str) and value.isascii() and value.replace("-", "").replace("_", "").isalnum():
+        return None
+    return "is not a header name; use e.g. x-request-id"
 
 
 def _header(var: str, raw: str) -> str | None:
     if is_none(raw):
         return None
-    if not raw.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError(f"environment variable {var}: {raw!r} is not a header name; use e.g. x-request-id")
+    _refuse(_env(var), raw, _not_header(raw))
     return raw
+
+
+def _check_header(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    _refuse(name, value, _not_header(value))
+    return str(value)
+
+
+_MODES = {"600": 0o600, "660": 0o660}
 
 
 def _mode(var: str, raw: str) -> int:
     text = raw.lower().removeprefix("0o").lstrip("0")
-    modes = {"600": 0o600, "660": 0o660}
-    if text not in modes:
-        raise ConfigError(f"environment variable {var}: {raw!r} is not an allowed socket mode; use 0600 or 0660")
-    return modes[text]
+    if text not in _MODES:
+        raise ConfigError(
+            f"{_env(var)}: {raw!r} is not an allowed socket mode; use 0600 (owner only, the default) or 0660 (group)"
+        )
+    return _MODES[text]
 
 
-def _as_is(var: str, raw: str) -> str:
+def _check_mode(name: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value in _MODES.values():
+            return value
+        if str(value) in _MODES:  # 600 written for 0o600
+            raise ConfigError(f"{name}: {value} is a decimal number, not a file mode; write it in octal: 0o{value}")
+        shown = f"{value:#o}"  # as a mode is written: 0o777, not 511
+    else:
+        shown = repr(value)
+    raise ConfigError(
+        f"{name}: {shown} is not an allowed socket mode; use 0o600 (owner only, the default) or 0o660 (group)"
+    )
+
+
+def _socket_dir(var: str, raw: str) -> str:
+    _refuse(_env(var), raw, _dir_problem(raw))
     return raw
 
+
+def _check_socket_dir(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{name}: {value!r} is not a directory; use a path such as /tmp/graceful")
+    _refuse(name, value, _dir_problem(path))
+    return path
+
+
+def _dir_problem(path: str) -> str | None:
+    # Built inside a running event loop (Starlette builds its middleware stack at the first call, the
+    # lifespan's), the file system is left to the startup a moment later, which reads it in a worker
+    # thread: an app's tests may forbid blocking calls in the loop (Starlette's run under blockbuster).
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return socket_dir_problem(path)
+    return None
+
+
+_LIVE_READ, _LIVE_CHECK = callable_kind("a function of no arguments that returns True while live", awaited=False)
+_FRAME_READ, _FRAME_CHECK = callable_kind(
+    "a function of the response's content type (bytes) that returns the final frame (bytes) or None",
+    awaited=False,
+    arguments=(b"",),
+    optional=False,
+)
 
 _MODULE_FUNCTION = "`module:function`, imported"
 _FLAG = "`1`/`0`"
@@ -78,18 +182,23 @@ class MiddlewareConfig:
     """The middleware's options, resolved and checked (the drain's are ``DrainConfig``)."""
 
     ready_path: str = option(
-        "/ready", _path, "a path starting with `/`", "the readiness probe's path", shown="`/ready`"
+        "/ready", _path, "a path starting with `/`", "the readiness probe's path", shown="`/ready`", check=_check_path
     )
-    live_path: str = option("/live", _path, "a path", "the liveness probe's path", shown="`/live`")
-    startup_path: str = option("/startup", _path, "a path", "the startup probe's path", shown="`/startup`")
+    live_path: str = option("/live", _path, "a path", "the liveness probe's path", shown="`/live`", check=_check_path)
+    startup_path: str = option(
+        "/startup", _path, "a path", "the startup probe's path", shown="`/startup`", check=_check_path
+    )
     exempt_paths: Iterable[str] = option(
         (),
         _paths,
         "paths separated by commas (`/metrics,/version`)",
         "passed to the app but never refused or counted (e.g. `/metrics`)",
         shown="`()`",
+        check=_check_paths,
     )
-    metrics_path: str | None = option(None, _optional_path, "a path, or `none`", "serve the Prometheus page here")
+    metrics_path: str | None = option(
+        None, _optional_path, "a path, or `none`", "serve the Prometheus page here", check=_check_optional_path
+    )
     retry_after: int = option(1, whole_seconds, "whole seconds", "`Retry-After` seconds on refusals")
     max_in_flight: int | None = option(
         None,
@@ -104,7 +213,11 @@ class MiddlewareConfig:
         "hard limit: refuse with `server_overloaded` at or above it",
     )
     live_check: Callable[[], bool] | None = option(
-        None, named_object, _MODULE_FUNCTION, "a callable; `/live` fails when it returns False or raises"
+        None,
+        _LIVE_READ,
+        _MODULE_FUNCTION,
+        "a callable; `/live` fails when it returns False or raises",
+        check=_LIVE_CHECK,
     )
     fail_liveness: bool = option(
         False,
@@ -126,24 +239,29 @@ class MiddlewareConfig:
         "a header to echo, or generate when the request has none, on every response and refusal (e.g. "
         '`"x-request-id"`); off by default because it is not drain work and costs about a fifth of the '
         "middleware's per-request instructions",
+        check=_check_header,
     )
     admin: bool = option(
         True, flag, _FLAG, "serve the private admin socket (see [the admin socket](cli.md#the-admin-socket))"
     )
     socket_dir: str | None = option(
         None,
-        _as_is,
+        _socket_dir,
         "a directory (also read by `graceful drain`)",
         "the admin socket's directory",
         shown="see [the admin socket](cli.md#the-admin-socket)",
+        check=_check_socket_dir,
     )
-    socket_mode: int = option(SOCKET_MODE, _mode, "`0600` or `0660`", "the admin socket's file mode", shown="0o600")
+    socket_mode: int = option(
+        SOCKET_MODE, _mode, "`0600` or `0660`", "the admin socket's file mode", shown="0o600", check=_check_mode
+    )
     final_frame: FinalFrame = option(
         default_final_frame,
-        named_object,
+        _FRAME_READ,
         _MODULE_FUNCTION,
         "the frame that ends streams at the deadline (see [At the deadline](deadline.md))",
         shown="OpenAI-style SSE / NDJSON",
+        check=_FRAME_CHECK,
     )
     announce_drain: bool = option(
         True,
@@ -158,15 +276,21 @@ class MiddlewareConfig:
         """Options as passed (``UNSET`` where not), else from their variables in ``environ``, else the
         defaults; checked."""
         passed = check_given(MIDDLEWARE_DECLARED, given)
-        found, _ = from_environ(
+        found, sources = from_environ(
             MIDDLEWARE_DECLARED, (name for name in MIDDLEWARE_DECLARED if name not in passed), environ
         )
         config = cls(**{**found, **passed})
-        if config.retry_after < 0:
-            raise ValueError(f"retry_after={config.retry_after!r} must be 0 or more seconds")
-        for name, value in (("max_in_flight", config.max_in_flight), ("reject_over", config.reject_over)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name}={value!r} must be at least 1 (or None for no limit)")
+        # Two probes on one path: the later one's handler would answer both (a readiness probe
+        # answering liveness never fails in a drain).
+        probes: dict[str, str] = {}
+        for name in ("metrics_path", "ready_path", "live_path", "startup_path"):
+            path = getattr(config, name)
+            if path is None:
+                continue
+            shown = variable(name) if name in sources else name
+            if path in probes:
+                raise ConfigError(f"{probes[path]} and {shown} are both {path!r}; give each its own path")
+            probes[path] = shown
         return config
 
 

@@ -39,12 +39,14 @@ def _drain_without_click(argv: list[str]) -> int | None:
     """The exit code of ``graceful drain ...``; None when click has to read the command line."""
     if argv[:1] != ["drain"]:
         return None
-    from ._servers import UsageProblem, read_args, run_drain
+    from ._servers import UsageProblem, read_args, run_drain, socket_dir_to_search
 
     args = read_args(argv[1:])
     if args is None:
         return None
     try:
+        typed = any(word.partition("=")[0] == "--socket-dir" for word in argv[1:])
+        args["socket_dir"] = socket_dir_to_search(args["socket_dir"], args["socket"], typed=typed)
         return run_drain(**args)
     except UsageProblem:
         return None  # nothing was sent yet: click reads it again and says what is wrong

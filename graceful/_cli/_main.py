@@ -17,7 +17,7 @@ from .._admin._client import NoServer, discover, request_all
 from .._admin._wire import Field, Value
 from .._drain._names import variable
 from ._params import DURATION, FromEnv, fail
-from ._servers import BOTH_SOCKETS, EXIT_NO_SERVER, UsageProblem, run_drain
+from ._servers import EXIT_NO_SERVER, UsageProblem, run_drain, socket_dir_to_search
 
 __all__ = ["cli", "drain_command", "main"]
 
@@ -225,11 +225,11 @@ def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
 def _socket_dir(ctx: click.Context, socket_dir: str | None, socket: str | None) -> str | None:
     """The socket directory to search, or None with ``--socket``: both flags typed conflict (exit 2), while
     ``--socket`` wins over a directory that only the environment gave."""
-    if socket_dir and socket:
-        if ctx.get_parameter_source("socket_dir") is ParameterSource.COMMANDLINE:
-            fail(ctx, BOTH_SOCKETS)
-        return None
-    return socket_dir
+    typed = ctx.get_parameter_source("socket_dir") is ParameterSource.COMMANDLINE
+    try:
+        return socket_dir_to_search(socket_dir, socket, typed=typed)
+    except UsageProblem as exc:
+        fail(ctx, str(exc))
 
 
 def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:

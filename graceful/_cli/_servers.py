@@ -37,6 +37,7 @@ __all__ = [
     "UsageProblem",
     "read_args",
     "run_drain",
+    "socket_dir_to_search",
 ]
 
 EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
@@ -107,9 +108,18 @@ def read_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> dict[
             args[key] = value
         else:
             return None
-    if args["socket"] and "--socket-dir" not in {word.partition("=")[0] for word in argv}:
-        args["socket_dir"] = None  # --socket wins over a directory only the environment gave
     return args
+
+
+def socket_dir_to_search(socket_dir: str | None, socket: str | None, *, typed: bool) -> str | None:
+    """The socket directory to search: None with ``--socket``, which wins over a directory that only the
+    environment gave; both typed conflict (:class:`UsageProblem`). ``typed``: ``--socket-dir`` was on
+    the command line."""
+    if socket_dir and socket:
+        if typed:
+            raise UsageProblem(BOTH_SOCKETS)
+        return None
+    return socket_dir
 
 
 def run_drain(

@@ -87,20 +87,30 @@ class Budget:
         passed = {name: value for name, value in given.items() if value is not None and value is not UNSET}
         found, sources = from_environ(table, (name for name in table if name not in passed), environ or {})
         values = {name: default for name, (default, _) in table.items()} | found | passed
-        grace = resolve_grace(values["grace_period"])
-        res = resolve_reserve(grace, values["reserve"])
+        # A value read from a variable is checked as the text that was set, under the variable's name
+        # (``none`` stays None); an option given in code, under the option's.
+        for name, raw in sources.items():
+            if found[name] is not None:
+                values[name] = raw
+        label = {name: f"environment variable {variable(name)}" if name in sources else name for name in table}
+        grace = resolve_grace(values["grace_period"], name=label["grace_period"])
+        res = resolve_reserve(
+            grace, values["reserve"], name=label["reserve"], grace_name=_named("grace_period", sources)
+        )
         timeout = values["drain_timeout"]
-        timeout = None if timeout is None else parse_duration(timeout, name="drain_timeout")
-        wait = parse_duration(values["propagation_wait"], name="propagation_wait")
-        quiet = values["propagation_quiet"]
-        if quiet is not None:
-            if "propagation_quiet" in sources:
-                shown: object = sources["propagation_quiet"]
-                source = f"environment variable {variable('propagation_quiet')}"
-            else:
-                shown, source = quiet, ""
-                quiet = parse_duration(quiet, name="propagation_quiet")
-            check_quiet(quiet, wait if wait > 0 else math.inf, given=shown, source=source)
+        timeout = None if timeout is None else parse_duration(timeout, name=label["drain_timeout"])
+        wait = parse_duration(values["propagation_wait"], name=label["propagation_wait"])
+        given_quiet = values["propagation_quiet"]
+        quiet = None
+        if given_quiet is not None:
+            quiet = parse_duration(given_quiet, name=label["propagation_quiet"])
+            check_quiet(
+                quiet,
+                wait if wait > 0 else math.inf,
+                given=given_quiet,
+                source=label["propagation_quiet"] if "propagation_quiet" in sources else "",
+                wait_name=_named("propagation_wait", sources),
+            )
         budget = cls(
             grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait, propagation_quiet=quiet
         )
@@ -114,16 +124,12 @@ class Budget:
         drain's own ``timeout``; returns that limit. Raises :class:`ConfigError` naming the option
         (and its variable, for those in ``from_variables``) that sets the bound."""
         sources = {} if from_variables is None else from_variables
-
-        def name(option: str) -> str:
-            return f"{option} ({variable(option)})" if option in sources else option
-
         voice = {
-            "wait": name("propagation_wait"),
-            "grace": name("grace_period"),
+            "wait": _named("propagation_wait", sources),
+            "grace": _named("grace_period", sources),
             "timeout": "this drain's timeout",
             "raise_timeout": "raise the timeout",
-            "drain_timeout": name("drain_timeout"),
+            "drain_timeout": _named("drain_timeout", sources),
             "reserve": "shown",
             "grace_fix": ", the pod's terminationGracePeriodSeconds",
         }
@@ -185,3 +191,8 @@ class Budget:
             "on a connection busy at drain start); for longer ones raise terminationGracePeriodSeconds to "
             "propagation_wait + 2 x longest request + reserve"
         )
+
+
+def _named(option: str, sources: Mapping[str, str]) -> str:
+    """An option as a message that mentions it names it: with its variable when it came from one."""
+    return f"{option} ({variable(option)})" if option in sources else option

@@ -31,8 +31,12 @@ _HELP = "use a number of seconds or a duration such as 10s, 1.5s, 500ms, 2m or 1
 
 
 def parse_duration(value: str | float | int, *, name: str = "duration") -> float:
-    """Parse ``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds."""
-    if isinstance(value, bool):
+    """Parse ``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds.
+
+    ``name`` is how the caller's user gave the value (an option, a flag, a variable); every
+    message names it and the value as given. ``-1`` and ``-1s`` are refused alike, as negative.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ConfigError(f"{name}: expected a duration, got {value!r}; {_HELP}")
     if isinstance(value, (int, float)):
         seconds = float(value)
@@ -44,11 +48,16 @@ def parse_duration(value: str | float | int, *, name: str = "duration") -> float
             number = None
         # Parsed outside the except block, so that a wrong value's ConfigError comes alone,
         # without float()'s ValueError chained above it (a server's log shows both otherwise).
-        seconds = _parse_units(text, value, name) if number is None else number
+        if number is not None:
+            seconds = number
+        elif text.startswith("-"):  # "-1s": negative, as "-1" is, not "not a duration"
+            seconds = -_parse_units(text[1:], value, name)
+        else:
+            seconds = _parse_units(text, value, name)
     if not math.isfinite(seconds):
         raise ConfigError(f"{name}: {value!r} is not a finite duration; {_HELP}")
     if seconds < 0:
-        raise ConfigError(f"{name}: {value!r} is negative; durations must be 0 or more")
+        raise ConfigError(f"{name}: {value!r} is negative; use 0 or more, e.g. 10s")
     return seconds
 
 
@@ -68,23 +77,32 @@ def _parse_units(text: str, original: str, name: str) -> float:
 DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds: the default of Budget.grace_period
 
 
-def check_quiet(quiet: float, wait: float, *, given: object = None, source: str = "") -> None:
+def check_quiet(
+    quiet: float,
+    wait: float,
+    *,
+    given: object = None,
+    source: str = "",
+    name: str = "propagation_quiet",
+    wait_name: str = "propagation_wait",
+) -> None:
     """``propagation_quiet`` must be above 0 and no longer than ``propagation_wait``, its upper bound.
 
-    ``given`` is the value as the user wrote it; ``source`` names where it came from
-    when that is not the option itself (an environment variable).
+    ``given`` is the value as the user wrote it; ``source`` names where it came from when that
+    is not the option itself (an environment variable); ``name`` and ``wait_name`` are how the
+    caller's user writes the two (``--propagation-quiet``).
     """
     shown = quiet if given is None else given
     origin = f" ({source}={shown!r})" if source else ""
     if quiet <= 0:
         raise ConfigError(
-            f"propagation_quiet: {shown!r}{origin} must be above 0; use the time without a new request after "
+            f"{name}: {shown!r}{origin} must be above 0; use the time without a new request after "
             "which the balancers are taken to have stopped sending, e.g. 2s"
         )
     if quiet > wait:
         raise ConfigError(
-            f"propagation_quiet {quiet:g}s{origin} is longer than propagation_wait {wait:g}s, its upper bound; "
-            f"raise propagation_wait to at least {quiet:g}s (e.g. --propagation-wait 30s) or shorten propagation_quiet"
+            f"{name} {quiet:g}s{origin} is longer than {wait_name} {wait:g}s, its upper bound; "
+            f"raise {wait_name} to at least {quiet:g}s or shorten {name}"
         )
 
 
@@ -151,12 +169,13 @@ def judge_drain(
     return limit
 
 
-def resolve_grace(grace_period: float | str) -> float:
-    """The grace period given, parsed; refused when it leaves no time to drain."""
-    grace = parse_duration(grace_period, name="grace_period")
+def resolve_grace(grace_period: float | str, *, name: str = "grace_period") -> float:
+    """The grace period given, parsed; refused when it leaves no time to drain. ``name`` is how the
+    user gave it (the option, or ``environment variable GRACEFUL_GRACE_PERIOD``)."""
+    grace = parse_duration(grace_period, name=name)
     if grace <= 0:
         raise ConfigError(
-            f"grace_period: {grace_period!r} leaves no time to drain; "
+            f"{name}: {grace_period!r} leaves no time to drain; "
             "set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
         )
     return grace
@@ -167,13 +186,17 @@ def default_reserve(grace: float) -> float:
     return max(0.3 * grace, min(10.0, 0.5 * grace))
 
 
-def resolve_reserve(grace: float, reserve: float | str | None) -> float:
+def resolve_reserve(
+    grace: float, reserve: float | str | None, *, name: str = "reserve", grace_name: str = "grace_period"
+) -> float:
+    """The reserve given (the default rule for None), parsed; refused unless smaller than the grace
+    period. ``name`` and ``grace_name`` are how the user gave the two."""
     if reserve is None:
         return default_reserve(grace)
-    res = parse_duration(reserve, name="reserve")
+    res = parse_duration(reserve, name=name)
     if res >= grace:
         raise ConfigError(
-            f"reserve: {reserve!r} is not smaller than grace_period {grace:g}s; "
+            f"{name}: {reserve!r} is not smaller than {grace_name} {grace:g}s; "
             "lower the reserve or raise the grace period"
         )
     return res

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._budget import Budget, check_quiet, parse_duration
-from ._environ import UNSET, Env, declared, duration, flag, from_environ, named_object, option
-from ._errors import ConfigError
+from ._environ import UNSET, Env, callable_kind, declared, duration, flag, from_environ, option
+from ._errors import ConfigError, reported
 
 __all__ = ["DRAIN_DECLARED", "DRAIN_OPTIONS", "DrainConfig", "Hook", "Overrides", "check_given"]
 
@@ -25,6 +25,9 @@ logger = logging.getLogger("graceful")
 
 Hook = Callable[[], Awaitable[None]]
 _HOOK_MEANING = "async hooks (deregister, flush audit data); cut off when they overrun"
+# A hook is awaited mid-drain: one that is not callable, not async or wants arguments is refused
+# when the options are resolved, not found out by the drain that calls it.
+_HOOK_READ, _HOOK_CHECK = callable_kind("an async function of no arguments (async def hook(): ...)", awaited=True)
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,10 @@ class DrainConfig:
         "once the propagation wait has passed, end resumable SSE streams at once with the final event, "
         "for the client to continue elsewhere (see [Resumable streams](resume.md))",
     )
-    on_drain_start: Hook | None = option(None, named_object, "`module:function`, imported", _HOOK_MEANING)
-    on_drained: Hook | None = option(None, named_object, "`module:function`, imported", _HOOK_MEANING)
+    on_drain_start: Hook | None = option(
+        None, _HOOK_READ, "`module:function`, imported", _HOOK_MEANING, check=_HOOK_CHECK
+    )
+    on_drained: Hook | None = option(None, _HOOK_READ, "`module:function`, imported", _HOOK_MEANING, check=_HOOK_CHECK)
     hook_timeout: float = option(
         5.0, duration, "a duration", "how long `on_drained` may take (never past deadline + reserve/2)"
     )
@@ -64,13 +69,17 @@ class DrainConfig:
     @classmethod
     def resolve(cls, given: Mapping[str, Any], environ: Mapping[str, str]) -> DrainConfig:
         """Parse the options given (``UNSET`` where not; durations as numbers or strings), filling the rest
-        from their variables in ``environ``, else the defaults; raises ConfigError or TypeError."""
+        from their variables in ``environ``, else the defaults; raises TypeError, or ConfigError as a server
+        that imports the app reports in one line (``reported``: ``Drain(...)`` is often built at import)."""
         unknown = set(given) - DRAIN_OPTIONS
         if unknown:
             raise TypeError(f"unknown drain option(s) {sorted(unknown)}; the options are {sorted(DRAIN_OPTIONS)}")
-        budget = Budget.resolve(environ=environ, **{name: given.get(name, UNSET) for name in _BUDGET})
-        passed = check_given(_OWN, {name: value for name, value in given.items() if name in _OWN})
-        found, _ = from_environ(_OWN, (name for name in _OWN if name not in passed), environ)
+        try:
+            budget = Budget.resolve(environ=environ, **{name: given.get(name, UNSET) for name in _BUDGET})
+            passed = check_given(_OWN, {name: value for name, value in given.items() if name in _OWN})
+            found, _ = from_environ(_OWN, (name for name in _OWN if name not in passed), environ)
+        except ConfigError as exc:
+            raise reported(exc).with_traceback(None) from None
         config = cls(budget, **{**found, **passed})
         for problem in budget.problems(admit=config.admit_during_propagation):
             logger.warning("budget: %s", problem)
@@ -120,19 +129,10 @@ class Overrides:
 
 
 def check_given(table: Mapping[str, tuple[Any, Env]], given: Mapping[str, Any]) -> dict[str, Any]:
-    """The options passed in code (not ``UNSET``), checked by their kind: a flag must be a bool, a
-    duration parses (a number of seconds or text such as ``10s``)."""
-    checked: dict[str, Any] = {}
-    for name, value in given.items():
-        if value is UNSET:
-            continue
-        read = table[name][1].read
-        if read is flag and not isinstance(value, bool):
-            raise ConfigError(f"{name}: expected True or False, got {value!r}")
-        if read is duration:
-            value = parse_duration(value, name=name)
-        checked[name] = value
-    return checked
+    """The options passed in code (not ``UNSET``), checked by their declarations (``Env.check``: a flag
+    must be a bool, a duration parses, a hook is an async function...); raises :class:`ConfigError`
+    naming the option as passed, the value and the fix."""
+    return {name: table[name][1].check(name, value) for name, value in given.items() if value is not UNSET}
 
 
 _BUDGET = declared(Budget)

@@ -386,16 +386,34 @@ async def test_sibling_socket_not_yet_listening_is_kept(socket_dir: str) -> None
 
 async def test_admin_failure_fails_the_server_startup(socket_dir: str, caplog: pytest.LogCaptureFixture) -> None:
     """A server without its admin socket could not be drained by the preStop hook: uvicorn
-    must refuse to start, with our message, instead of serving half-configured."""
-    mw = GracefulMiddleware(streaming_app, socket_dir=os.path.join(socket_dir, "d" * 110), registry=CollectorRegistry())
-    config = uvicorn.Config(mw, host="127.0.0.1", port=0, lifespan="on", log_config=None)
+    must refuse to start, with our message, instead of serving half-configured. (A socket
+    directory known to be wrong is refused sooner, when the middleware is built: here another
+    process listens at our socket's path, which only startup can find.)"""
+    mw = GracefulMiddleware(streaming_app, socket_dir=socket_dir, registry=CollectorRegistry())
+    failures: list[str] = []
+
+    async def recorded(scope: Any, receive: Any, send: Any) -> None:
+        async def send_recorded(message: Any) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                failures.append(message["message"])
+            await send(message)
+
+        await mw(scope, receive, send_recorded)
+
+    config = uvicorn.Config(recorded, host="127.0.0.1", port=0, lifespan="on", log_config=None)
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
-    with caplog.at_level(logging.ERROR), anyio.fail_after(10), pytest.raises(SystemExit) as exited:
-        await server.serve()
+    path = os.path.join(socket_dir, f"{os.getpid()}.sock")
+    with socket.socket(socket.AF_UNIX) as other:
+        other.bind(path)
+        other.listen()
+        with caplog.at_level(logging.ERROR), anyio.fail_after(10), pytest.raises(SystemExit) as exited:
+            await server.serve()
     assert exited.value.code == 3  # uvicorn's "startup failed" exit
     assert not server.started
-    assert any("107-byte Unix socket limit" in r.getMessage() for r in caplog.records)
+    assert any("is in use by another process" in r.getMessage() for r in caplog.records)
+    # The server is told the cause in one line, not the task group's count of its errors.
+    assert failures == [f"graceful: admin socket {path!r} is in use by another process; use another --socket-dir"]
     assert mw.drain.state is State.STOPPED
 
 

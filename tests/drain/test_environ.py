@@ -27,6 +27,14 @@ def hook() -> None:  # pragma: no cover - imported by name, never run here
     pass
 
 
+async def async_hook() -> None:  # pragma: no cover - imported by name, never run here
+    pass
+
+
+def frame(content_type: bytes) -> bytes | None:  # pragma: no cover - imported by name, never run here
+    return None
+
+
 def make(**options: Any) -> GracefulMiddleware:
     return GracefulMiddleware(app, registry=CollectorRegistry(), **options)
 
@@ -61,8 +69,8 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "GRACEFUL_PROPAGATION_QUIET": "2s",
         "GRACEFUL_ADMIT_DURING_PROPAGATION": "0",
         "GRACEFUL_HANDOFF_STREAMS": "yes",
-        "GRACEFUL_ON_DRAIN_START": "tests.drain.test_environ:hook",
-        "GRACEFUL_ON_DRAINED": "tests.drain.test_environ:hook",
+        "GRACEFUL_ON_DRAIN_START": "tests.drain.test_environ:async_hook",
+        "GRACEFUL_ON_DRAINED": "tests.drain.test_environ:async_hook",
         "GRACEFUL_HOOK_TIMEOUT": "3s",
         "GRACEFUL_UNWIND_TIMEOUT": "500ms",
         "GRACEFUL_DRAIN_ON_SIGTERM": "off",
@@ -81,7 +89,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "GRACEFUL_ADMIN": "0",
         "GRACEFUL_SOCKET_DIR": "/tmp/g-env",
         "GRACEFUL_SOCKET_MODE": "0660",
-        "GRACEFUL_FINAL_FRAME": "tests.drain.test_environ:hook",
+        "GRACEFUL_FINAL_FRAME": "tests.drain.test_environ:frame",
         "GRACEFUL_ANNOUNCE_DRAIN": "no",
     }
     assert set(env) == {variable(option) for option in DECLARED}
@@ -92,7 +100,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
     assert (config.budget.grace_period, config.budget.reserve, config.budget.drain_timeout) == (120.0, 20.0, 90.0)
     assert (config.budget.propagation_wait, config.budget.propagation_quiet) == (10.0, 2.0)
     assert (config.admit_during_propagation, config.handoff_streams, config.drain_on_sigterm) == (False, True, False)
-    assert config.on_drain_start is hook and config.on_drained is hook
+    assert config.on_drain_start is async_hook and config.on_drained is async_hook
     assert (config.hook_timeout, config.unwind_timeout) == (3.0, 0.5)
     assert list(mw._special) == [
         "/version",
@@ -113,7 +121,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         False,
         "/tmp/g-env",
         0o660,
-        hook,
+        frame,
     )
     assert mw.options.announce_drain is False
     # A value given in code wins over the variable.
