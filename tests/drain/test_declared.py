@@ -135,9 +135,15 @@ def test_the_signatures_list_every_option_by_name() -> None:
     assert all(middleware[name].kind is inspect.Parameter.KEYWORD_ONLY for name in DECLARED)
 
 
+def mutmut_copy(name: str) -> bool:
+    """A copy of one of Drain's methods that mutmut 3 adds to the class it mutates (``xǁDrainǁresume__mutmut_orig``,
+    ``xǁDrainǁresume__mutmut_6``): present only under ``scripts/mutation`` (docs/testing.md, "Mutation testing")."""
+    return name.startswith("xǁDrainǁ") and "__mutmut_" in name
+
+
 def test_drains_public_face_is_its_documented_api() -> None:
     drain = Drain(grace_period=30)
-    public = {name for name in dir(drain) if not name.startswith("_")}
+    public = {name for name in dir(drain) if not name.startswith("_") and not mutmut_copy(name)}
     assert public == DOCUMENTED
     page = (Path(ROOT) / "docs" / "middleware.md").read_text()
     section = page.split("## Python API", 1)[1].split("\n## ", 1)[0]
