@@ -16,7 +16,7 @@ from click.core import ParameterSource
 from .._admin._client import NoServer, discover, request_all
 from .._admin._wire import Field, Value
 from .._drain._names import variable
-from ._params import DURATION, FromEnv, fail
+from ._params import DURATION, FromEnv, fail, socket_dir_option
 from ._servers import EXIT_NO_SERVER, UsageProblem, run_drain, socket_dir_to_search
 
 __all__ = ["cli", "drain_command", "main"]
@@ -24,15 +24,6 @@ __all__ = ["cli", "drain_command", "main"]
 ENGINES = ("vllm", "sglang", "tgi", "triton")
 
 
-socket_dir_option = click.option(
-    "--socket-dir",
-    cls=FromEnv,
-    envvar=variable("socket_dir"),
-    variables=(variable("socket_dir"),),
-    default_text="<tmp>/graceful-<uid>",
-    type=click.Path(file_okay=False),
-    help="Directory of the worker sockets.",
-)
 socket_option = click.option("--socket", type=click.Path(dir_okay=False), help="Talk to this one socket only.")
 
 

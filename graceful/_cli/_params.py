@@ -11,9 +11,10 @@ import click
 
 from .._drain._durations import parse_duration
 from .._drain._errors import ConfigError
+from .._drain._names import variable
 from ._servers import EXIT_USAGE
 
-__all__ = ["DURATION", "Duration", "FromEnv", "fail"]
+__all__ = ["DURATION", "Duration", "FromEnv", "fail", "socket_dir_option"]
 
 
 class Duration(click.ParamType[float]):
@@ -70,3 +71,15 @@ def fail(ctx: click.Context, message: str) -> NoReturn:
     CLI that embeds the command is called), exit 2."""
     click.echo(f"graceful {ctx.info_name}: {message}", err=True)
     ctx.exit(EXIT_USAGE)
+
+
+# Where the worker sockets are: every command that talks to graceful servers, and graceful run's own.
+socket_dir_option = click.option(
+    "--socket-dir",
+    cls=FromEnv,
+    envvar=variable("socket_dir"),
+    variables=(variable("socket_dir"),),
+    default_text="<tmp>/graceful-<uid>",
+    type=click.Path(file_okay=False),
+    help="Directory of the worker sockets.",
+)

@@ -17,7 +17,7 @@ from click.decorators import FC
 from .._drain._environ import shown_default, variable
 from .._drain._errors import ConfigError
 from .._drain._options import DRAIN_DECLARED
-from ._params import DURATION, FromEnv, fail
+from ._params import DURATION, FromEnv, fail, socket_dir_option
 
 __all__ = ["run_command"]
 
@@ -55,15 +55,7 @@ def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
     help="Look for APP's module in this directory first (as uvicorn does): the current one by default.",
 )
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
-@click.option(
-    "--socket-dir",
-    cls=FromEnv,
-    envvar=variable("socket_dir"),
-    variables=(variable("socket_dir"),),
-    default_text="<tmp>/graceful-<uid>",
-    type=click.Path(file_okay=False),
-    help="Admin socket directory (exported to the workers).",
-)
+@socket_dir_option
 @_drain_flag("--grace-period", "The pod's terminationGracePeriodSeconds.", type=DURATION)
 @_drain_flag("--propagation-wait", "Keep serving this long after going unready.", type=DURATION)
 @_drain_flag(

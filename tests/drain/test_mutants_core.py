@@ -11,23 +11,11 @@ import anyio
 import pytest
 
 from graceful import Drain, State
-from graceful._drain._ledger import COMPLETED, HANDED_OFF, Tracked
+from graceful._drain._ledger import COMPLETED, HANDED_OFF
 from graceful._drain._state import core
+from tests.drain.test_drain_run import Item, serving
 
 pytestmark = pytest.mark.anyio
-
-
-class Item(Tracked):
-    def label(self) -> str:
-        return "request"
-
-
-def serving(**options: object) -> Drain:
-    options.setdefault("grace_period", 30)
-    options.setdefault("reserve", 5)  # the budget's limit: 25 s
-    drain = Drain(**options)  # type: ignore[arg-type]
-    drain.mark_serving()
-    return drain
 
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -14,6 +14,7 @@ import pytest
 from graceful import Drain, DrainResult
 from graceful._drain._ledger import CANCELLED, COMPLETED, HANDED_OFF, Ledger, Tracked
 from graceful._drain._state import core
+from tests.drain.test_drain_run import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -64,14 +65,6 @@ class Unwinding(Item):
 
     async def cut(self) -> None:
         self.cut_called.set()
-
-
-def serving(**options: object) -> Drain:
-    options.setdefault("grace_period", 30)
-    options.setdefault("reserve", 5)
-    drain = Drain(**options)  # type: ignore[arg-type]
-    drain.mark_serving()
-    return drain
 
 
 def admitted(drain: Drain, item: Tracked) -> Tracked:
