@@ -14,10 +14,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-import yaml
 
 from examples.rollout.balancer import open_balancer
-from examples.rollout.envoy import RETRIES, Envoy, find_envoy, retry_policy
+from examples.rollout.envoy import RETRIES, Envoy, find_envoy
 from tests.test_gateway import Outcomes, replica, strict_clients
 
 pytestmark = [
@@ -99,16 +98,3 @@ def test_each_configuration_passes_envoys_own_validation(retry: str, active_hc: 
 def test_an_unknown_retry_profile_is_named() -> None:
     with pytest.raises(ValueError, match="'sometimes'.*none, istio, istio-503, not-started"):
         Envoy("envoy", "/tmp", retry="sometimes")
-
-
-def test_the_documented_retry_is_the_tested_one_and_envoy_accepts_it(tmp_path: Path) -> None:
-    """docs/gateways.md's Envoy retry_policy is the demo's not-started profile (which the gateway
-    tests drive), and Envoy's validation accepts the bootstrap with the page's block in its route."""
-    page = (Path(__file__).parent.parent / "docs" / "gateways.md").read_text()
-    blocks = [block.split("```", 1)[0] for block in page.split("```yaml\n")[1:]]
-    [documented] = [yaml.safe_load(block) for block in blocks if block.startswith("retry_policy:")]
-    assert documented["retry_policy"] == retry_policy("not-started")
-    binary = find_envoy()
-    assert binary is not None
-    envoy = Envoy(binary, str(tmp_path))
-    assert envoy.validate(envoy.with_route(documented)) is None

@@ -8,8 +8,9 @@ failed backend connect is not retried (``retries 0``).
 keep-alive, idle server connections shared between requests (``http-reuse safe``),
 each request balanced on its own, a refused connect retried 3 times on the same server
 (``retries`` defaults to 3, ``retry-on`` to ``conn-failure``, no redispatch).
-``gateway_retry`` adds the documented retry of a not-started 503 on another server:
-``retry-on conn-failure 503`` with ``option redispatch 1`` and ``option http-buffer-request``. Directives: HAProxy's
+``gateway_retry`` adds the documented retry of a not-started 503 on another server, the lines of
+examples/gateways/haproxy-retry.cfg as written: ``retry-on conn-failure 503`` with
+``option redispatch 1`` and ``option http-buffer-request``. Directives: HAProxy's
 configuration.txt (``retries``, ``retry-on``, ``option redispatch``, ``http-reuse``).
 """
 
@@ -21,14 +22,15 @@ import os
 import time
 from typing import Literal
 
-from .processes import find_binary, listening_socket, stop_group
+from .processes import documented_lines, find_binary, listening_socket, stop_group
 
 __all__ = ["GATEWAY_RETRY", "HAPROXY_ENV", "HAProxy", "find_haproxy"]
 
 HAPROXY_ENV = "GRACEFUL_ROLLOUT_HAPROXY"
 Mode = Literal["tcp", "http"]
 # The documented HAProxy configuration that retries a not-started 503 on another server.
-GATEWAY_RETRY = ("option http-buffer-request", "retries 3", "retry-on conn-failure 503", "option redispatch 1")
+GATEWAY_RETRY = tuple(line.strip() for line in documented_lines("haproxy-retry.cfg"))
+HTTP_DEFAULTS = ("mode http", "option http-keep-alive", "http-reuse safe", "timeout http-keep-alive 75s")
 
 
 def find_haproxy() -> str | None:
@@ -68,13 +70,14 @@ class HAProxy:
             # No health checks and retries 0: kube-proxy neither probes nor redispatches.
             defaults = "    mode tcp\n    retries 0"
         else:
-            defaults = "    mode http\n    option http-keep-alive\n    http-reuse safe\n    timeout http-keep-alive 75s"
+            lines = list(HTTP_DEFAULTS)
             if self.gateway_retry:
                 # A request is retried only if HAProxy holds all of it; http-buffer-request makes
                 # it wait for the body before connecting (a client that writes the headers and
                 # the body apart would otherwise never be retried). Bodies past tune.bufsize
                 # (16 kB by default) are never retried.
-                defaults += "".join(f"\n    {line}" for line in GATEWAY_RETRY)
+                lines += [line for line in GATEWAY_RETRY if line not in lines]
+            defaults = "\n".join(f"    {line}" for line in lines)
         return f"""global
     stats socket {self.stats_socket} mode 600 level admin
     maxconn 2000

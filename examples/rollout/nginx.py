@@ -20,8 +20,9 @@ rewritten and the master reloads (SIGHUP, what ``nginx -s reload`` sends). New w
 serve new requests from then on; the old ones finish what they hold, close the client
 connections they keep alive, and exit: a request a client sends on one of those at that
 instant gets no answer, whatever the replicas do.
-``gateway_retry`` adds the documented retry of a not-started 503:
-``proxy_next_upstream error timeout http_503 non_idempotent``.
+``gateway_retry`` runs the documented location, examples/gateways/nginx-retry.conf, as written:
+it retries a not-started 503 (``proxy_next_upstream error timeout http_503 non_idempotent``).
+Without it the same location runs with nginx's default retry, ``error timeout``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import signal
 import subprocess
 import time
 
-from .processes import find_binary, listening_socket, stop_group
+from .processes import documented_lines, find_binary, listening_socket, stop_group
 
 __all__ = ["NGINX_ENV", "Nginx", "find_nginx"]
 
@@ -42,6 +43,17 @@ LUA_ENV = "GRACEFUL_ROLLOUT_NGINX_LUA"
 RETRY_DEFAULT = "error timeout"
 RETRY_GATEWAY = "error timeout http_503 non_idempotent"
 WORKERS_STARTED = "start worker processes"
+LOCATION = "nginx-retry.conf"
+
+
+def location(*, gateway_retry: bool) -> str:
+    """The documented location (examples/gateways/nginx-retry.conf), or without its retry of a 503."""
+    documented = f"proxy_next_upstream {RETRY_GATEWAY};"
+    lines = documented_lines(LOCATION)
+    if not any(line.strip() == documented for line in lines):
+        raise RuntimeError(f"examples/gateways/{LOCATION} has no line {documented!r}")
+    text = "\n".join(" " * 8 + line for line in lines)
+    return text if gateway_retry else text.replace(documented, f"proxy_next_upstream {RETRY_DEFAULT};")
 
 
 def find_nginx() -> str | None:
@@ -177,7 +189,6 @@ class Nginx:
         listen unix:{self.control_path};
         location = /endpoints {{ content_by_lua_block {{ require("rollout_balancer").put() }} }}
     }}"""
-        retry = RETRY_GATEWAY if self.gateway_retry else RETRY_DEFAULT
         return f"""{modules}daemon off;
 master_process on;
 worker_processes 1;
@@ -198,14 +209,7 @@ http {{
     server {{
         listen 127.0.0.1:{self.port};
         client_max_body_size 8m;
-        location / {{
-            proxy_pass http://pods;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_next_upstream {retry};
-            proxy_next_upstream_tries 3;
-        }}
+{location(gateway_retry=self.gateway_retry)}
     }}
 }}
 """

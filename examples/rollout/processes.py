@@ -17,7 +17,17 @@ import shutil
 import signal
 import socket
 
-__all__ = ["find_binary", "listening_socket", "stop_group"]
+__all__ = ["documented_lines", "find_binary", "listening_socket", "stop_group"]
+
+# The balancer configurations docs/gateways.md shows, which the demo runs as written.
+GATEWAYS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gateways")
+
+
+def documented_lines(name: str) -> list[str]:
+    """The lines of ``examples/gateways/<name>`` as written, without comments and blank lines."""
+    with open(os.path.join(GATEWAYS, name), encoding="utf-8") as config:
+        lines = (line.rstrip() for line in config)
+        return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
 def listening_socket() -> socket.socket:
