@@ -9,7 +9,8 @@ The checker holds four rules (docs/testing.md, "Docs examples"):
 2. a README block that names a file shows exactly that file (or section), as mkdocs would include it;
 3. every file under docs_src/ is used by a page;
 4. every file under docs_src/ is named, as the string ``docs_src/<page>/<file>``, by a test module
-   ``tests/docs/test_*.py`` (the test that runs it), this one aside.
+   (the test that runs it): ``tests/docs/test_<page>.py``, or, for what needs vLLM or LiteLLM, the
+   test under tests/vllm or tests/litellm that reads it; this module aside.
 
 A snippet of a file outside docs_src/ (the example manifests under examples/) passes rule 1 when the
 file exists and a test module under tests/ names it, the test that checks it.
@@ -137,7 +138,7 @@ def suggested(page: str, lang: str) -> str:
 
 
 def naming_text(root: Path, within: str) -> str:
-    """The text of the test modules that may name a file (``within`` is tests/docs or tests)."""
+    """The text of the test modules under ``within``, this one aside."""
     folder = root / within
     modules = sorted(folder.rglob("test_*.py")) if folder.is_dir() else []
     return "\n".join(module.read_text() for module in modules if module.name != Path(__file__).name)
@@ -243,7 +244,7 @@ def orphan_problems(root: Path) -> list[str]:
 
 def untested_problems(root: Path) -> list[str]:
     """Rule 4."""
-    named = naming_text(root, "tests/docs")
+    named = naming_text(root, "tests")
     return [
         f"{path}: no test names it; run it from tests/docs/test_{module_for(path)}.py, with the path "
         f"{path!r} written there"
