@@ -38,8 +38,9 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
-def wait_ready(server: Server, timeout: float = 15.0) -> None:
-    """Poll /ready of a subprocess: its readiness is only observable from outside."""
+def wait_ready(server: Server, timeout: float = 60.0) -> None:
+    """Poll /ready of a subprocess: its readiness is only observable from outside. The timeout only
+    catches a hang: a loaded machine starts gunicorn's two workers in seconds, not milliseconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
@@ -419,8 +420,10 @@ def test_systemd_stop_fits_timeout_stop_sec(socket_dir: str) -> None:
         thread.join(15)
         assert stream.error is None and stream.ended_at is not None, (repr(stream.error), log.text())
         assert '"type":"server_shutdown"' in stream.frames[-1], stream.frames[-3:]
-        assert 3.8 <= stream.ended_at - sent <= 5.0, stream.ended_at - sent
+        # Not cut before the deadline (4 s after SIGTERM); how soon after it is the exit's promise below.
+        assert stream.ended_at - sent >= 3.8, stream.ended_at - sent
         server.process.wait(10)
+        # The promise: out before TimeoutStopSec (6 s), so systemd never needs SIGKILL.
         assert time.monotonic() - sent < 6.0, log.text()
 
 

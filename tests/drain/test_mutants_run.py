@@ -187,15 +187,19 @@ async def test_a_plain_wait_ends_the_phase_by_propagation_wait(caplog: pytest.Lo
         with anyio.fail_after(2):
             result = await drain.drain()
     assert result.propagation_ended_by == "propagation_wait"
-    assert result.announced is not None and 0 <= result.announced < 0.1
     [line] = [m for m in messages(caplog) if m.startswith("propagation phase over")]
     found = re.fullmatch(
-        r"propagation phase over 0\.1\d\ds after drain start \(propagation_wait\); no new request; "
-        r"drain announced (\d\.\d{3})s after it",
+        r"propagation phase over (\d+\.\d{3})s after drain start \(propagation_wait\); no new request; "
+        r"drain announced (\d+\.\d{3})s after it",
         line,
     )
     assert found, line
-    assert float(found.group(1)) == pytest.approx(result.announced, abs=0.002)
+    # The phase lasts the whole wait (no clock bound above it: fail_after catches a hang), and the
+    # announcement, made at its start, falls inside it.
+    phase, announced = float(found.group(1)), float(found.group(2))
+    assert phase >= 0.1
+    assert result.announced is not None and 0 <= result.announced <= phase
+    assert announced == pytest.approx(result.announced, abs=0.002)
 
 
 async def test_a_resumed_drain_records_no_propagation_phase() -> None:
