@@ -27,7 +27,7 @@ from .._drain._durations import parse_duration
 from .._drain._errors import ConfigError
 from .._drain._options import Overrides
 from .._drain._state import Drain, core
-from ._paths import SOCKET_MODE, default_socket_dir, socket_path
+from ._paths import DEFAULT_DIR, SOCKET_MODE, default_socket_dir, socket_dir_problem, socket_path
 from ._wire import Event, Field, Value
 
 __all__ = ["AdminServer", "is_listening", "prepare_socket_dir", "remove_stale"]
@@ -35,26 +35,28 @@ __all__ = ["AdminServer", "is_listening", "prepare_socket_dir", "remove_stale"]
 logger = logging.getLogger("graceful")
 
 MAX_REQUEST = 64 * 1024
+_ARRIVAL_GAP = 0.1  # seconds: a drain's progress lines sent on new requests come at most this often
 _NDJSON = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-store")]
 _ROUTES = {"/status": b"GET", "/drain": b"POST", "/resume": b"POST"}
 
 
-def prepare_socket_dir(socket_dir: str, *, group: bool = False) -> None:
-    """Create the directory private to this user (0700, or 0750 for group access), or refuse it."""
+def prepare_socket_dir(socket_dir: str, *, group: bool = False, name: str = "socket_dir") -> None:
+    """Create the directory private to this user (0700, or 0750 for group access), or refuse it. ``name``
+    is how the user gave the directory (``socket_dir``, ``environment variable GRACEFUL_SOCKET_DIR``), for
+    the message."""
     mode = 0o750 if group else 0o700
-    try:
-        os.makedirs(socket_dir, mode=mode, exist_ok=True)
-        info = os.lstat(socket_dir)
-    except OSError as exc:
-        raise ConfigError(f"socket dir {socket_dir!r}: {exc.strerror}; choose a writable --socket-dir") from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise ConfigError(f"socket dir {socket_dir!r} is not a directory; choose another --socket-dir")
-    if info.st_uid != os.getuid():
-        raise ConfigError(
-            f"socket dir {socket_dir!r} belongs to uid {info.st_uid}, not to this user ({os.getuid()}); "
-            "choose a --socket-dir of your own"
-        )
-    if stat.S_IMODE(info.st_mode) != mode:
+    problem = socket_dir_problem(socket_dir)
+    if problem is None:
+        try:
+            os.makedirs(socket_dir, mode=mode, exist_ok=True)
+        except OSError as exc:
+            # What no look could foresee (root making a directory under /proc, a full disk).
+            problem = f"cannot be made ({exc.strerror}); choose a directory this user can make, such as /tmp/graceful"
+        else:
+            problem = socket_dir_problem(socket_dir)  # what is there now: another process may have put a file
+    if problem is not None:
+        raise ConfigError(f"{name}: {socket_dir!r} {problem}")
+    if stat.S_IMODE(os.lstat(socket_dir).st_mode) != mode:
         os.chmod(socket_dir, mode)
 
 
@@ -121,6 +123,7 @@ class AdminServer:
         *,
         socket_dir: str | None = None,
         socket_mode: int | None = None,
+        socket_dir_name: str | None = None,
         max_connections: int = 64,
         request_timeout: float = 5.0,
         write_timeout: float = 5.0,
@@ -130,6 +133,9 @@ class AdminServer:
             raise ConfigError(f"socket_mode {socket_mode:#o} is not allowed; use 0o600 (default) or 0o660 (group)")
         self.drain = drain
         self.socket_dir = socket_dir or default_socket_dir()
+        # How the user gave the directory, for the startup's messages (the middleware knows: the option
+        # in code, or its variable); the default's words when none was given.
+        self.socket_dir_name = socket_dir_name or ("socket_dir" if socket_dir else DEFAULT_DIR)
         self.socket_mode = socket_mode
         self.path = ""
         self._identity = 0
@@ -140,12 +146,10 @@ class AdminServer:
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # The file-system calls run in a worker thread: an app's own tests may check that
         # nothing blocks its event loop (Starlette's suite runs under blockbuster).
-        try:
-            path = await anyio.to_thread.run_sync(self._prepare)
-            listener = await anyio.create_unix_listener(path, mode=self.socket_mode)
-        except ConfigError as exc:
-            logger.error("admin listener not started: %s", exc)
-            raise
+        # A ConfigError goes up unlogged: the lifespan fails the server's startup with it, and the server
+        # prints it, once (issue 51).
+        path = await anyio.to_thread.run_sync(self._prepare)
+        listener = await anyio.create_unix_listener(path, mode=self.socket_mode)
         self.path = path
         self._identity = await anyio.to_thread.run_sync(lambda: os.stat(path).st_ino)
         logger.debug("admin listener on %s", path)
@@ -167,12 +171,16 @@ class AdminServer:
                 await anyio.to_thread.run_sync(self._unlink)
 
     def _prepare(self) -> str:
+        name = self.socket_dir_name
+        prepare_socket_dir(self.socket_dir, group=self.socket_mode == 0o660, name=name)
         path = socket_path(self.socket_dir, os.getpid())
-        prepare_socket_dir(self.socket_dir, group=self.socket_mode == 0o660)
         for stale in remove_stale(self.socket_dir):
             logger.debug("removed stale admin socket %s", stale)
         if os.path.exists(path) and is_listening(path):
-            raise ConfigError(f"admin socket {path!r} is in use by another process; use another --socket-dir")
+            raise ConfigError(
+                f"{name}: {self.socket_dir!r}: another process listens on {path!r}, this process's admin socket; "
+                "give each server a directory of its own"
+            )
         return path
 
     def _unlink(self) -> None:
@@ -327,16 +335,43 @@ class _Responder:
         headers = [*_NDJSON, (b"connection", b"close")]
         await self._send(h11.Response(status_code=200, headers=headers))
         await self._line({Field.EVENT: Event.STATUS, **drain.status().as_dict(), Field.OUTLOOK: ahead})
+        # A progress line at once, then each second, and at each new request of the propagation
+        # phase (_ARRIVAL_GAP apart at most): the hook prints on its own clock, and its lines on
+        # the last new request are then true when printed (issue 51).
+        await self._line(_progress(drain))
+        tick = time.monotonic() + 1.0
         while not done.is_set():
-            with anyio.move_on_after(1.0):
-                await done.wait()
-            if not done.is_set():
-                await self._line(_progress(drain))
+            with anyio.move_on_after(tick - time.monotonic()):
+                await _either(done, inner.next_arrival())
+            if done.is_set():
+                break
+            await self._line(_progress(drain))
+            now = time.monotonic()
+            if now < tick:
+                with anyio.move_on_after(_ARRIVAL_GAP):
+                    await done.wait()
+            else:
+                tick = now + 1.0
         await self._line({Field.EVENT: Event.RESULT, Field.PID: os.getpid(), **result})
         await self._send(h11.EndOfMessage())
 
     async def _line(self, body: dict[str, object]) -> None:
         await self._send(h11.Data(data=json.dumps(body).encode() + b"\n"))
+
+
+async def _either(done: anyio.Event, other: anyio.Event | None) -> None:
+    """Until ``done`` or ``other`` is set."""
+    if other is None:
+        await done.wait()
+        return
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait, done)
+        tg.start_soon(wait, other)
 
 
 def _progress(drain: Drain) -> dict[str, object]:

@@ -22,6 +22,8 @@ from ._run import DrainRun
 from ._status import DRAINING, FAILED, SERVING, STOPPED, DrainResult, Failure, State, Tally
 
 if TYPE_CHECKING:
+    import anyio
+
     from ._advice import Outlook
 
 __all__ = ["Core", "Duration", "Machine"]
@@ -174,6 +176,11 @@ class Core:
     def handed_off(self) -> int:
         """Streams the current (or last) drain has handed off so far."""
         return 0 if self.run is None else self.run.handed_off()
+
+    def next_arrival(self) -> anyio.Event | None:
+        """An event the next new request of the running drain's propagation phase sets; None when no drain runs."""
+        run = self.run
+        return None if run is None or self.drain.state is not DRAINING else run.next_arrival()
 
     def outlook(self, limit: float | None = None) -> Outlook:
         """The work in flight judged by the durations seen: how much may outlast the time left to the

@@ -67,6 +67,7 @@ class DrainRun:
         self.done: anyio.Event | None = None
         self.result: DrainResult | None = None
         self.waker: anyio.Event | None = None
+        self.arrived: anyio.Event | None = None  # see next_arrival
         self.handed_before = machine.tally.outcomes[HANDED_OFF]
 
     def follow(self) -> DrainRun:
@@ -78,6 +79,7 @@ class DrainRun:
         """
         run = copy.copy(self)
         run.follow_up, run.leader, run.done, run.result, run.waker = True, False, None, None, None
+        run.arrived = None
         return run
 
     # -- read by the drain -----------------------------------------------------------
@@ -93,8 +95,18 @@ class DrainRun:
         rule), settling the phase if it is over; returns whether it is in it."""
         if now < self.settle_propagation(now):
             self.last_arrival = now
+            arrived, self.arrived = self.arrived, None
+            if arrived is not None:
+                arrived.set()
             return True
         return False
+
+    def next_arrival(self) -> anyio.Event:
+        """An event the next new request of the propagation phase sets: the admin server sends its
+        progress line then, so that the hook's lines about the last new request are not a second late."""
+        if self.arrived is None:
+            self.arrived = anyio.Event()
+        return self.arrived
 
     def announce(self, now: float) -> None:
         """A response announced the drain to the balancers (``announce_drain``): the first one is kept."""

@@ -1,8 +1,9 @@
-"""``graceful drain``'s progress lines tell the truth at the moment they are printed (issue 46).
+"""``graceful drain``'s progress lines are true when printed, measured against real arrivals (issue 51).
 
-The server measures the time since the last new request when it sends a progress event, about
-once a second; the hook prints on its own clock, up to a second later. Each line's "ago" must be
-the age at the moment the line is printed, not at the moment the server sent its figure.
+A line's claim about the propagation phase ("last new request 1.7 s ago", "no new request
+since the drain began") is held to the instants at which requests really reached the app,
+recorded by the app itself on this process's clock, not to the events the hook received: the
+hook's one-second tick must not print a second-old figure.
 """
 
 from __future__ import annotations
@@ -10,51 +11,116 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
 
 import graceful._cli._servers as servers
-from graceful import State
-from tests.servers import Served
+from graceful import GracefulMiddleware, State
+from graceful._drain._state import core
+from tests.apps.streaming import app as streaming_app
+from tests.utils import listening_socket
 
 AGO = re.compile(r"last new request (\d+\.\d) s ago")
+NONE_YET = "no new request since the drain began"
+TRUE_WITHIN = 0.3  # seconds: issue 51's bound on a printed line's error
+WAIT = 3.5  # the propagation wait
+SEND_AT = (0.4, 1.3, 2.5)  # seconds after the drain began: mid-second, between two ticks of either clock
 
 
-@pytest.mark.timeout(30)
-def test_each_line_says_how_long_ago_the_last_request_came_as_it_is_printed(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+class Recorder:
+    """An app that notes when each request reaches it (``time.monotonic()``), before the streaming app answers."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[float] = []
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http" and scope["path"] == "/hello":
+            self.arrivals.append(time.monotonic())
+        await streaming_app(scope, receive, send)
+
+
+@pytest.fixture
+def recorded(socket_dir: str) -> Iterator[tuple[GracefulMiddleware, Recorder, int]]:
+    """A real uvicorn in a thread, serving the recording app behind the middleware."""
+    recorder = Recorder()
+    mw = GracefulMiddleware(recorder, registry=CollectorRegistry(), socket_dir=socket_dir, grace_period=6, reserve=1)
+    sock = listening_socket()
+    server = uvicorn.Server(uvicorn.Config(mw, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:  # uvicorn offers a flag, not an event
+        assert thread.is_alive(), "uvicorn failed to start"
+        time.sleep(0.01)
+    assert server.started
+    try:
+        yield mw, recorder, sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def acceptable_ages(arrivals: list[float], printed: float) -> list[float]:
+    """The ages a line printed at ``printed`` may give: that of the last arrival before it, or of an
+    earlier one that was the last less than ``TRUE_WITHIN`` before the line."""
+    before = [a for a in arrivals if a <= printed]
+    return [
+        printed - a for a, after in zip(before, [*before[1:], None]) if after is None or after > printed - TRUE_WITHIN
+    ]
+
+
+@pytest.mark.timeout(40)
+def test_each_line_is_true_within_0_3_s_of_the_real_arrivals(
+    recorded: tuple[GracefulMiddleware, Recorder, int], socket_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """1. graceful drain --propagation-wait 3.5s against a real server 2. one request 0.43 s after
-    the drain began 3. the hook prints a line a second until the wait ends. Every line printed after
-    the request that speaks of it says its age within 0.2 s of the truth; none says no request came."""
+    """1. graceful drain --propagation-wait 3.5s against a real server 2. requests sent 0.4, 1.3 and
+    2.5 s after the drain began, each noted by the app as it arrives 3. the hook prints a line a
+    second. Every line that speaks of the last new request is true within 0.3 s at the moment it is
+    printed: its age is that of the last arrival (or of the one before, within 0.3 s of the next),
+    and "no new request since the drain began" only while none had come 0.3 s before."""
+    mw, recorder, port = recorded
     printed: list[tuple[float, str]] = []
     monkeypatch.setattr(servers, "_say", lambda line, out=False: printed.append((time.monotonic(), line)))
+    began_event = threading.Event()
+    core(mw.drain).listeners.append(lambda: mw.drain.state is State.DRAINING and began_event.set())
     codes: list[int] = []
     options = {"propagation_quiet": None, "timeout": None, "grace_period": None, "json_output": False}
     hook = threading.Thread(
         target=lambda: codes.append(
-            servers.run_drain(socket_dir=served.socket_dir, socket=None, propagation_wait=3.5, quiet=False, **options)
+            servers.run_drain(socket_dir=socket_dir, socket=None, propagation_wait=WAIT, quiet=False, **options)
         )
     )
     hook.start()
-    deadline = time.monotonic() + 5
-    while served.mw.drain.state is not State.DRAINING:
-        assert time.monotonic() < deadline, "the drain never began"
-        time.sleep(0.005)
-    began = time.monotonic()
-    time.sleep(max(0.0, began + 0.43 - time.monotonic()))
-    sent = time.monotonic()
-    answer = httpx.get(f"http://127.0.0.1:{served.port}/hello", timeout=5)
-    answered = time.monotonic()
-    assert answer.status_code == 200 and answered - sent < 0.1  # admitted during the wait, at a known time
-    arrival = (sent + answered) / 2
-    hook.join(15)
+    assert began_event.wait(10), "the drain never began"
+    run = core(mw.drain).run
+    assert run is not None
+    began = run.started  # the drain's own clock: time.monotonic() of this process
+    with httpx.Client(timeout=5) as client:
+        for offset in SEND_AT:
+            threading.Event().wait(max(0.0, began + offset - time.monotonic()))  # the planned instant
+            assert client.get(f"http://127.0.0.1:{port}/hello").status_code == 200  # admitted during the wait
+    hook.join(20)
     assert not hook.is_alive() and codes == [0], printed
 
-    after = [(at, line) for at, line in printed if at > answered and line.startswith("draining")]
-    told = [(at, float(found.group(1))) for at, line in after if (found := AGO.search(line))]
-    assert len(told) >= 2, printed  # the lines at about 2 s and 3 s at least
-    for at, ago in told:
-        assert abs(ago - (at - arrival)) <= 0.2, (ago, at - arrival, printed)
-    assert not any("no new request since the drain began" in line for _, line in after), printed
+    arrivals = recorder.arrivals
+    assert len(arrivals) == len(SEND_AT), arrivals
+    assert all(arrivals[i + 1] - arrivals[i] > 2 * TRUE_WITHIN for i in range(len(arrivals) - 1)), arrivals
+    lines = [(at, line) for at, line in printed if line.startswith("draining")]
+    checked = 0
+    for at, line in lines:
+        found = AGO.search(line)
+        if found:
+            ages = acceptable_ages(arrivals, at)
+            said = float(found.group(1))
+            assert ages and min(abs(said - age) for age in ages) <= TRUE_WITHIN, (line, at - began, ages, printed)
+            checked += 1
+        elif NONE_YET in line:
+            assert not [a for a in arrivals if a <= at - TRUE_WITHIN], (line, at - began, arrivals, printed)
+            checked += 1
+    # The lines at about 1, 2 and 3 s fall in the propagation phase: each makes a claim that was checked.
+    assert checked >= 3, printed
