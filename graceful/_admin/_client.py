@@ -152,7 +152,7 @@ class WorkerDrain:
         self.reachable = reachable
         self.refused = False  # the server answered 400: it judged the drain's options wrong
         # The work in flight at the drain's start, judged by the durations the server saw
-        # (``Drain.outlook``): in_flight, left, at_risk, expected, seen.
+        # (``Drain.outlook``): in_flight, left, at_risk, expected, seen, older.
         self.outlook: dict[str, Any] | None = None
 
     @property

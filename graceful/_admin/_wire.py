@@ -54,7 +54,7 @@ class Field:
     BUDGET = "budget"  # the budget in force, by its options' names
     DURATIONS = "durations"  # {SINCE, UNTIL, BOUNDS, then per kind of request its counts and sum}
     PROPAGATION = "propagation"  # each drain's propagation phase; a result's: its own drain's
-    OUTLOOK = "outlook"  # the status event's: {IN_FLIGHT, LEFT, AT_RISK, EXPECTED, SEEN}
+    OUTLOOK = "outlook"  # the status event's: {IN_FLIGHT, LEFT, AT_RISK, EXPECTED, SEEN, OLDER}
     # A failure, the durations and an outlook.
     REASON = "reason"  # also a result's: why the drain began
     DETAIL = "detail"
@@ -65,6 +65,7 @@ class Field:
     AT_RISK = "at_risk"
     EXPECTED = "expected"
     SEEN = "seen"
+    OLDER = "older"  # in flight longer than every request seen of its kind: not judged
     # A progress event (with STATE and IN_FLIGHT).
     HANDED_OFF = "handed_off"
     ELAPSED = "elapsed"

@@ -251,6 +251,7 @@ def _outlook_line(worker: WorkerDrain) -> tuple[str, int]:
     try:
         in_flight, left, seen = int(ahead[Field.IN_FLIGHT]), float(ahead[Field.LEFT]), int(ahead[Field.SEEN])
         at_risk, expected = int(ahead[Field.AT_RISK]), float(ahead[Field.EXPECTED])
+        older = int(ahead.get(Field.OLDER) or 0)  # a server before issue 51 sends none
     except (KeyError, TypeError, ValueError):
         return "", 0  # a server's outlook this hook cannot read: the drain goes on without the line
     start = f"{name}: {in_flight} in flight at the drain's start, {left:.0f} s to the deadline"
@@ -258,11 +259,16 @@ def _outlook_line(worker: WorkerDrain) -> tuple[str, int]:
         return start, 0
     if not seen:
         return f"{start}; no finished request seen yet to judge them by", 0
+    # Work that has run longer than every request seen has nothing to judge it by: said as such, no forecast.
+    older_is, them = ("1 is", "it") if older == 1 else (f"{older} are", "them")
+    if older == in_flight:
+        return f"{start}; {older_is} older than every one of the {seen} requests seen (nothing to judge {them} by)", 0
+    tail = f"; {older_is} older than every request seen (nothing to judge {them} by)" if older else ""
     if not at_risk:
-        return f"{start}; by the {seen} requests seen, none should outlast it", 0
+        return f"{start}; by the {seen} requests seen, none should outlast it{tail}", 0
     return (
         f"{start}; by the {seen} requests seen, {at_risk} may outlast it "
-        f"(about {expected:.1f} expected to be cut; graceful advise says which grace period holds them)",
+        f"(about {expected:.1f} expected to be cut; graceful advise says which grace period holds them){tail}",
         at_risk,
     )
 

@@ -245,13 +245,16 @@ def _shortest_grace(longest: float, wait: float, reserve: float | None, *, admit
 @dataclass(frozen=True)
 class Outlook:
     """The work in flight at a drain's start, judged by the durations seen: how many may outlast
-    the ``left`` seconds to the deadline, and how many are expected to (the sum of their chances)."""
+    the ``left`` seconds to the deadline, how many are expected to (the sum of their chances), and
+    how many have run longer than every request seen of their kind (``older``: nothing to judge
+    them by, so no forecast either way)."""
 
     in_flight: int
     left: float
     at_risk: int
     expected: float
     seen: int
+    older: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -260,21 +263,33 @@ class Outlook:
             "at_risk": self.at_risk,
             "expected": round(self.expected, 3),
             "seen": self.seen,
+            "older": self.older,
         }
 
 
 def outlook(ages: Sequence[tuple[float, bool]], histograms: Mapping[str, Histogram], left: float) -> Outlook:
     """Judge each item in flight (its age, whether it has streamed) by ``histograms`` (by kind): one
-    that has streamed by the streams seen, any other by everything seen."""
+    that has streamed by the streams seen, any other by everything seen.
+
+    An item that has run ``a`` seconds is judged by the requests seen that ran longer than ``a``:
+    its chance of running past the deadline is the share of them that also ran longer than ``a``
+    plus the time left. When none ran longer than ``a``, the durations seen say nothing of it: it
+    counts as older than every request seen, not as at risk (a stream a little older than the rest
+    is no sign of a cut, issue 51).
+    """
     merged = merge_all(histograms.values()) or Histogram.empty()
     if merged.count == 0:  # nothing to judge by
         return Outlook(len(ages), left, 0, 0.0, 0)
     stream = histograms.get("stream")
     streams = stream if stream is not None and stream.count else merged
-    at_risk, expected = 0, 0.0
+    at_risk, expected, older = 0, 0.0, 0
     for age, streamed in ages:
-        chance = (streams if streamed else merged).still_running(age, left)
+        judged = streams if streamed else merged
+        if not judged.over(age):
+            older += 1
+            continue
+        chance = judged.still_running(age, left)
         if chance > 0:
             at_risk += 1
             expected += chance
-    return Outlook(len(ages), left, at_risk, expected, merged.count)
+    return Outlook(len(ages), left, at_risk, expected, merged.count, older)

@@ -178,6 +178,33 @@ def test_the_outlook_judges_work_in_flight_by_what_was_seen() -> None:
     assert outlook([(10.0, True)], {"plain": Histogram.empty(), "stream": Histogram.empty()}, 12.0).at_risk == 0
 
 
+def test_a_request_older_than_every_one_seen_is_not_forecast_to_be_cut() -> None:
+    """Issue 51: a 4.5 s stream in flight with 42 s left, when the streams seen ran up to 3 s, was
+    counted as at risk with a chance of 1 ("about 1.0 expected to be cut"). Nothing seen ran as long:
+    it is older than every request seen, and no forecast either way."""
+    seen = {"plain": histogram(*[0.2] * 8), "stream": histogram(2.0, 3.0, 3.0)}
+    ahead = outlook([(4.5, True)], seen, 42.0)
+    assert (ahead.in_flight, ahead.at_risk, ahead.expected, ahead.older, ahead.seen) == (1, 0, 0.0, 1, 11)
+    assert ahead.as_dict()["older"] == 1
+    # A stream inside the streams seen is judged as before; a plain request is judged by everything.
+    mixed = outlook([(4.5, True), (2.2, True), (0.1, False)], seen, 0.5)
+    assert (mixed.older, mixed.at_risk) == (1, 2)
+    assert mixed.expected == pytest.approx(1.0 + 3 / 11)  # (3.0 s bucket past 2.7 s: 2 of 2), (3 of 11 past 0.6 s)
+
+
+def test_a_request_within_the_durations_seen_is_judged_by_those_longer_than_its_age() -> None:
+    """The chance is conditional on the age: of the seen requests longer than it, the share that also
+    ran past its age plus the time left."""
+    seen = {"stream": histogram(1.0, 4.0, 4.0, 30.0, 30.0, 30.0)}
+    # 3.5 s old: five seen may have run longer (the 4.0 s bucket is (3.5, 5.0]); three of them past 13.5 s.
+    ahead = outlook([(3.5, True)], seen, 10.0)
+    assert (ahead.at_risk, ahead.older) == (1, 0) and ahead.expected == pytest.approx(3 / 5)
+    # 20 s old with 42 s left: the three 30 s ones ran longer, none past 62 s.
+    assert (outlook([(20.0, True)], seen, 42.0).at_risk, outlook([(20.0, True)], seen, 42.0).older) == (0, 0)
+    # Past the last bucket seen: older, whatever the time left.
+    assert outlook([(31.0, True)], seen, 0.1).older == 1 and outlook([(31.0, True)], seen, 0.1).at_risk == 0
+
+
 def vllm_page(durations: list[tuple[float, str]]) -> str:
     """A /metrics page as vLLM writes it (vllm/v1/metrics/loggers.py: prometheus_client, one series
     per engine), holding ``durations`` (seconds, engine index)."""
