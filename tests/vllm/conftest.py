@@ -27,6 +27,7 @@ import pytest
 
 from examples.rollout.vllm import START_LIMIT, prepare
 from examples.rollout.vllm import VLLM_ENV as CPU_ENV
+from tests.docs.commands import command_with
 from tests.servers import Launched
 from tests.utils import ROOT
 
@@ -35,6 +36,9 @@ VLLM = os.environ.get("GRACEFUL_VLLM") or str(VENV / "bin" / "vllm")
 # The CPU environment and the model cache are the rollout demo's (examples/rollout/vllm.py): the
 # engine's OpenMP threads on core 0, a 1 GiB KV cache, no hub, graceful's log lines shown.
 VLLM_ENV = CPU_ENV
+# docs/vllm.md's CPU recipe (docs_src/vllm/serve_cpu.sh): every server here starts with its `vllm serve`
+# flags, the model and the address aside (tests/docs/test_vllm.py checks the rest of the recipe).
+SERVE_FLAGS = command_with("docs_src/vllm/serve_cpu.sh", "vllm", "serve")[3:]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,10 +90,7 @@ class VllmServer(Launched):
         self.port = 0
         environment = {**os.environ, **VLLM_ENV, "GRACEFUL_SOCKET_DIR": socket_dir, **env}
         environment.pop("PYTHONPATH", None)  # the vLLM venv has graceful installed (editable) itself
-        command = [
-            VLLM, "serve", model, "--dtype", "float32", "--enforce-eager", "--max-model-len", "16384",
-            "--host", "127.0.0.1", "--port", "0", "--middleware", "graceful.GracefulMiddleware", *args,
-        ]  # fmt: skip
+        command = [VLLM, "serve", model, *SERVE_FLAGS, "--host", "127.0.0.1", "--port", "0", *args]
         with open(log, "wb") as out:
             # A process group of its own (killed whole at teardown), but the test's session: with the
             # kernel's autogroup scheduling a new session is a scheduling group of its own, and the

@@ -1,0 +1,1 @@
+python -c 'from graceful import GracefulMiddleware; GracefulMiddleware(lambda *asgi: None)'
