@@ -21,6 +21,15 @@ def read(name: str) -> str:
     return (Path(ROOT) / name).read_text()
 
 
+def section(name: str, part: str) -> str:
+    """A ``# --8<-- [start:part]`` ... ``# --8<-- [end:part]`` section of a file, as a page shows it."""
+    text = read(name)
+    start, end = f"# --8<-- [start:{part}]\n", f"# --8<-- [end:{part}]"
+    assert start in text and end in text, f"{name} has no section {part!r}"
+    lines = text.split(start, 1)[1].split(end, 1)[0].splitlines()
+    return "\n".join(lines[:-1] if lines and not lines[-1].strip() else lines) + "\n"
+
+
 def shell_commands(name: str) -> list[str]:
     """The commands of a shell file as bash reads them: a line continued with a backslash joined to the
     next, blank lines and lines that are only a comment left out."""

@@ -38,6 +38,7 @@ from tests.docs.commands import (
     exports,
     quoted_commands,
     read,
+    section,
     shell_commands,
     terminal_env,
     unshown,
@@ -55,15 +56,6 @@ LOGGING = "examples/vllm/logging.json"
 CHECK = "docs_src/vllm/check_env.sh"
 SERVE = "docs_src/vllm/serve_cpu.sh"
 SIGTERM_LOG = "docs_src/vllm/sigterm_log.out"
-
-
-def section(name: str, part: str) -> str:
-    """A ``# --8<-- [start:part]`` ... ``[end:part]`` section of a file, as the page shows it."""
-    text = read(name)
-    start, end = f"# --8<-- [start:{part}]\n", f"# --8<-- [end:{part}]"
-    assert start in text and end in text, f"{name} has no section {part!r}"
-    body = text.split(start, 1)[1].split(end, 1)[0]
-    return "\n".join(body.splitlines()[:-1] if body.splitlines()[-1].strip() == "" else body.splitlines())
 
 
 def test_the_recipe_is_the_pod_of_the_checked_manifest() -> None:
