@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
+from tests.servers import Launched
 from tests.utils import ROOT
 
 
@@ -81,6 +83,20 @@ def terminal_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+class Typed(Launched):
+    """A server command typed in a terminal: bash runs it (from the clone, or ``cwd``) in a process group of
+    its own, with ``terminal_env``, a private ``GRACEFUL_SOCKET_DIR`` and ``env``; its output goes to ``log``.
+    The port comes from its "running on" line (``Launched.wait_port``)."""
+
+    def __init__(self, command: str, socket_dir: str, log: Path, *, cwd: str = ROOT, **env: str) -> None:
+        self.name, self.socket_dir, self.log_path, self.port = command.split()[0], socket_dir, log, 0
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                ["bash", "-c", "exec " + command], cwd=cwd, env=terminal_env(GRACEFUL_SOCKET_DIR=socket_dir, **env),
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
 
 
 # What a shown log line may differ in from a real one: the time a formatter adds between the level and

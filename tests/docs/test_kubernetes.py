@@ -24,9 +24,8 @@ import httpx
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from tests.docs.commands import quoted_commands, read, section, shell_commands, terminal_env
+from tests.docs.commands import Typed, quoted_commands, read, section, shell_commands, terminal_env
 from tests.resume_utils import expected_text
-from tests.servers import Launched
 from tests.test_manifests import drain_params, load, prestop
 from tests.utils import ROOT
 
@@ -36,18 +35,6 @@ PAGE = "docs/kubernetes.md"
 COMMANDS = "docs_src/kubernetes/example_server.sh"
 DEPLOYMENT = "examples/kubernetes/deployment.yaml"
 VLLM = "examples/kubernetes/vllm.yaml"
-
-
-class Typed(Launched):
-    """A server command typed in a terminal (bash, from the clone), its output in a file."""
-
-    def __init__(self, command: str, socket_dir: str, log: Path) -> None:
-        self.name, self.socket_dir, self.log_path, self.port = command.split()[0], socket_dir, log, 0
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                ["bash", "-c", "exec " + command], cwd=ROOT, env=terminal_env(GRACEFUL_SOCKET_DIR=socket_dir),
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
 
 
 def bash(command: str, socket_dir: str) -> subprocess.CompletedProcess[str]:
