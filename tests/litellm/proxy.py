@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.docs.commands import shell_commands, words
 from tests.servers import Launched
 from tests.utils import ROOT
 
@@ -29,6 +30,10 @@ PYTHON = Path(ROOT) / ".litellm" / "venv" / "bin" / "python"
 NODE_CLIENT = Path(ROOT) / "tests" / "node" / "stream.mjs"
 NODE_SDK = Path(ROOT) / "tests" / "node" / "node_modules" / "openai"
 MASTER_KEY = "sk-graceful-test"
+# docs/litellm.md's config and its command for the gateway's own drain: every proxy here takes the config's
+# litellm_settings, and `graceful run`s the proxy with that command (tests/docs/test_litellm.py runs the rest).
+DOCS_CONFIG = Path(ROOT) / "docs_src" / "litellm" / "config.yaml"
+DOCS_RUN = "docs_src/litellm/run_proxy.sh"
 PROMPT = "Count for me please"
 
 needs_litellm = pytest.mark.skipif(
@@ -47,16 +52,26 @@ def deployment(name: str, model: str, api_base: str, *, resume: bool, **params: 
 
 
 def write_config(path: Path, deployments: list[dict[str, Any]], *, usage_log: bool = True) -> Path:
-    callbacks = ["graceful.integrations.litellm.handler"]
+    settings = yaml.safe_load(DOCS_CONFIG.read_text())["litellm_settings"]
     if usage_log:
-        callbacks.append("tests.litellm.usage_log.recorder")
+        settings["callbacks"].append("tests.litellm.usage_log.recorder")
     config = {
         "model_list": deployments,
-        "litellm_settings": {"callbacks": callbacks},
+        "litellm_settings": settings,
         "general_settings": {"master_key": MASTER_KEY},
     }
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def documented_run() -> list[str]:
+    """The page's `graceful run` of the proxy (``CONFIG_FILE_PATH`` is the test's, in the environment), on
+    127.0.0.1 and a port the kernel picks: the one address a shared test machine allows."""
+    (command,) = shell_commands(DOCS_RUN)
+    env, argv = words(command)
+    assert argv[:3] == ["graceful", "run", "litellm.proxy.proxy_server:app"] and "CONFIG_FILE_PATH" in env, command
+    address = {"--host": "127.0.0.1", "--port": "0"}
+    return [address.get(previous, word) for previous, word in zip(["", *argv], argv, strict=False)]
 
 
 class LiteLLMProxy(Launched):
@@ -96,7 +111,7 @@ class LiteLLMProxy(Launched):
         if graceful_run is None:
             command = [str(PYTHON), "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", "0"]
         else:
-            command = [str(PYTHON), "-m", "graceful", "run", app, "--port", "0", *graceful_run]
+            command = [str(PYTHON), "-m", *documented_run(), *graceful_run]
         with open(log, "wb") as out:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
