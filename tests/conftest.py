@@ -9,15 +9,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from graceful import GracefulMiddleware
+from tests import tiers
 from tests.apps.streaming import app as streaming_app
 from tests.servers import Launched, Served
-from tests.utils import listening_socket
+from tests.utils import ROOT, listening_socket
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,6 +33,40 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    for line in tiers.MARKERS:
+        config.addinivalue_line("markers", line)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's tier, one of ``tests/tiers.TIERS`` (docs/testing.md, "Tiers")."""
+    tiers.assign(items, ROOT)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    return (yield from _in_its_tier(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    return (yield from _in_its_tier(item))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tiers.TIMES.add(report)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each tier's count and time, so that a slow change is seen when it lands (CI prints it)."""
+    for line in tiers.TIMES.lines():
+        terminalreporter.write_line(line)
+
+
+def _in_its_tier(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("fast") is None:
+        return (yield)
+    with tiers.forbid_processes(item.nodeid):
+        return (yield)
 
 
 @pytest.fixture
