@@ -1,19 +1,23 @@
 """The README's "Try it in five minutes", run as written from a plain folder outside the clone.
 
-1. the first shell block: a folder, a fresh virtualenv, ``pip install`` from the clone
-2. the Python block saved as ``myapp.py``; ``graceful run`` in the first terminal
-3. the stream with curl in a second terminal
-4. while it runs, ``graceful drain`` and one more request in a third terminal: the stream ends
-   whole, the drain exits 0 with its summary, the request gets the not-started 503
+1. ``docs_src/readme/try_setup.sh``: a folder, a fresh virtualenv, ``pip install`` from the clone
+2. ``try_myapp.py`` saved as ``myapp.py``; ``try_run.sh`` (``graceful run``) in the first terminal
+3. ``try_stream.sh``: the stream with curl in a second terminal
+4. while it runs, ``try_drain.sh`` (``graceful drain`` and one more request) in a third terminal: the
+   stream ends whole, the drain exits 0 with its summary, the request gets the not-started 503
 5. Ctrl-C in the first terminal: ``graceful run`` exits 0
 
-Each block runs verbatim in bash. Only the port changes: ``--port 0``, then the port the server
-names in its log, so no port is raced for. The outside world is pinned down: ``PATH`` holds
-``python3`` (this interpreter's base, outside any virtualenv), curl and bash, and no
-``graceful``, so the only ``graceful`` is the one the walkthrough installs;
-``GRACEFUL_SOCKET_DIR`` is private, so the drain reaches this server only. Every line of the
-output the README shows must appear in what the steps printed; only process ids, the port and
-the drain's duration may differ.
+The README shows each of these files, and the output it shows is ``try_*.out`` (tests/docs/test_blocks.py
+holds the README's blocks equal to the files). Each step runs verbatim in bash. Only the port changes:
+``--port 0``, then the port the server names in its log, so no port is raced for. The outside world is
+pinned down: ``PATH`` holds ``python3`` (this interpreter's base, outside any virtualenv), curl and bash,
+and no ``graceful``, so the only ``graceful`` is the one the walkthrough installs; ``GRACEFUL_SOCKET_DIR``
+is private, so the drain reaches this server only. Each ``.out`` file is held against what its step
+printed by tests/docs/shown.py's rules: its lines in order, ``...`` for a cut, any number for a number.
+
+With ``GRACEFUL_WHEEL=<path of a built wheel>`` (``scripts/check-dist`` sets it), step 1 installs that
+wheel in place of the clone, and the clone is not in the folder: the same walkthrough then runs against
+the distribution a release would publish.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+import graceful
+from tests.docs.shown import unmatched
 from tests.utils import ROOT
 
 pytestmark = [
@@ -38,47 +44,50 @@ pytestmark = [
     pytest.mark.timeout(400),
 ]
 
-README = Path(ROOT) / "README.md"
-SECTION = re.compile(r"<!-- --8<-- \[start:try-it\] -->\n(.*?)<!-- --8<-- \[end:try-it\] -->", re.S)
-BLOCK = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```$", re.S | re.M)
-# A process id, the port, a drain's duration ("drained in 8.0 s").
-VARIES = re.compile(r"(?<=worker )\d+|(?<=process \[)\d+|(?<=127\.0\.0\.1:)\d+|(?<= in )\d+\.\d(?= s\b)")
+# The walkthrough's files, in the README's order.
+SETUP = "docs_src/readme/try_setup.sh"
+APP = "docs_src/readme/try_myapp.py"
+RUN, RUN_OUT = "docs_src/readme/try_run.sh", "docs_src/readme/try_run.out"
+STREAM, STREAM_OUT = "docs_src/readme/try_stream.sh", "docs_src/readme/try_stream.out"
+DRAIN, DRAIN_OUT = "docs_src/readme/try_drain.sh", "docs_src/readme/try_drain.out"
+CTRL_C_OUT = "docs_src/readme/try_ctrl_c.out"
+# The one word of the set-up step that names the clone, which a wheel replaces.
+CLONE = re.compile(r"(?<=pip install )\.\./graceful(?= )")
+
 RUNNING = re.compile(r"running on http://127\.0\.0\.1:(\d+)")
 
 
-def walkthrough() -> tuple[list[str], str, list[str]]:
-    """The section's shell blocks, its Python block and its shown outputs, in order."""
-    found = SECTION.search(README.read_text())
-    assert found, "README.md has no try-it section (the snippet markers start:try-it / end:try-it)"
-    blocks = BLOCK.findall(found.group(1))
-    shells = [body for kind, body in blocks if kind == "bash"]
-    pythons = [body for kind, body in blocks if kind == "python"]
-    shown = [body for kind, body in blocks if kind == "text"]
-    assert len(shells) == 4 and len(pythons) == 1, "the walkthrough's steps changed: update this test with them"
-    setup, run, stream, drain = shells
-    assert "pip install" in setup and "graceful run" in run and "curl -N" in stream and "graceful drain" in drain
-    return shells, pythons[0], shown
+def read(name: str) -> str:
+    return (Path(ROOT) / name).read_text()
 
 
-def unmatched_lines(shown: str, printed: str) -> list[str]:
-    """The lines of ``shown`` (output the README shows) that no line of ``printed`` matches.
+def outside_world(tmp_path: Path) -> tuple[dict[str, str], str]:
+    """The environment of a terminal outside any virtualenv, and its ``PATH``: ``python3`` (this
+    interpreter's base), curl and bash, no ``graceful``, nothing of this test run's Python set-up."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "python3").symlink_to(os.path.realpath(sys._base_executable))  # type: ignore[attr-defined]
+    found_tools = [shutil.which(tool) for tool in ("curl", "bash")]
+    path = os.pathsep.join(dict.fromkeys([str(tools), *(os.path.dirname(tool) for tool in found_tools if tool)]))
+    assert shutil.which("graceful", path=path) is None, f"a graceful outside the fresh virtualenv is on {path}"
+    drop = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "COVERAGE_PROCESS_START", "GRACEFUL_WHEEL"}
+    env = {key: value for key, value in os.environ.items() if key not in drop}
+    env.update(PATH=path, PYTHONUNBUFFERED="1")
+    return env, path
 
-    A line matches a printed line that equals it but for what changes from run to run: process
-    ids, the port, and how long a drain took. ``...`` inside a line stands for anything; a line
-    that is only ``...`` (a cut) is skipped, as are blank lines.
-    """
-    printed_lines = [line.rstrip() for line in printed.splitlines()]
-    unmatched = []
-    for line in shown.splitlines():
-        line = line.rstrip()
-        if not line or line == "...":
-            continue
-        parts = [
-            re.escape(VARIES.sub("VARIES", part)).replace("VARIES", r"\d+(?:\.\d+)?") for part in line.split("...")
-        ]
-        if not any(re.fullmatch(".*".join(parts), candidate) for candidate in printed_lines):
-            unmatched.append(line)
-    return unmatched
+
+def check_installed(venv: Path, env: dict[str, str], cwd: Path) -> None:
+    """The virtualenv's ``graceful`` is its own copy (not the clone), and ``graceful --version`` prints
+    the version in graceful/__init__.py."""
+    run = {**env, "PATH": os.pathsep.join([str(venv / "bin"), env["PATH"]]), "VIRTUAL_ENV": str(venv)}
+    where = subprocess.run(
+        ["python", "-c", "import graceful; print(graceful.__file__)"],
+        cwd=cwd, env=run, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(venv), f"graceful imported from {where.stdout.strip()}"
+    version = subprocess.run(["graceful", "--version"], cwd=cwd, env=run, capture_output=True, text=True, timeout=60)
+    assert (version.returncode, version.stdout) == (0, f"graceful {graceful.__version__}\n"), version
 
 
 def wait_for(path: Path, pattern: re.Pattern[str], process: subprocess.Popen[bytes], limit: float) -> re.Match[str]:
@@ -99,27 +108,27 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def test_the_readme_walkthrough_runs_as_written(tmp_path: Path, socket_dir: str) -> None:
-    (setup, run, stream, drain), app, shown = walkthrough()
+    setup, app, run, stream, drain = read(SETUP), read(APP), read(RUN), read(STREAM), read(DRAIN)
     port_flag = re.search(r"--port (\d+)", run)
-    assert port_flag, "the walkthrough's `graceful run` names no --port"
+    assert port_flag, f"{RUN} names no --port"
     readme_port = port_flag.group(1)
     assert f":{readme_port}/" in stream and f":{readme_port}/" in drain
 
-    # The folder the reader starts in holds their clone, named `graceful` as the README says.
+    # The folder the reader starts in holds their clone, named `graceful` as the README says; or,
+    # for a built wheel, only the wheel, which the set-up step installs in the clone's place.
     start = tmp_path / "start"
     start.mkdir()
-    (start / "graceful").symlink_to(ROOT, target_is_directory=True)
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "python3").symlink_to(os.path.realpath(sys._base_executable))  # type: ignore[attr-defined]
-    found_tools = [shutil.which(tool) for tool in ("curl", "bash")]
-    path = os.pathsep.join(dict.fromkeys([str(tools), *(os.path.dirname(tool) for tool in found_tools if tool)]))
-    assert shutil.which("graceful", path=path) is None, f"a graceful outside the fresh virtualenv is on {path}"
-    drop = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "COVERAGE_PROCESS_START"}
-    env = {key: value for key, value in os.environ.items() if key not in drop}
-    env.update(PATH=path, GRACEFUL_SOCKET_DIR=socket_dir, PYTHONUNBUFFERED="1")
+    wheel = os.environ.get("GRACEFUL_WHEEL")
+    if wheel:
+        assert wheel.endswith(".whl") and os.path.isfile(wheel), f"GRACEFUL_WHEEL={wheel!r} is no wheel file"
+        setup, replaced = CLONE.subn(os.path.abspath(wheel), setup)
+        assert replaced == 1, f"{SETUP} installs no ../graceful for the wheel to stand in for"
+    else:
+        (start / "graceful").symlink_to(ROOT, target_is_directory=True)
+    env, path = outside_world(tmp_path)
+    env["GRACEFUL_SOCKET_DIR"] = socket_dir
 
-    # 1. The set-up block, in bash as typed; then where it left the reader.
+    # 1. The set-up step, in bash as typed; then where it left the reader.
     here = tmp_path / "here"
     done = subprocess.run(
         ["bash", "-e", "-c", f"{setup}\npwd > {here}"],
@@ -130,9 +139,10 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path, socket_dir: str)
     folder = Path(here.read_text().strip())
     assert folder.is_dir() and not folder.resolve().is_relative_to(Path(ROOT).resolve())
     venv = folder / ".venv"
-    assert (venv / "bin" / "graceful").exists(), "the set-up block made no virtualenv with graceful in it"
+    assert (venv / "bin" / "graceful").exists(), f"{SETUP} made no virtualenv with graceful in it"
+    check_installed(venv, env, folder)
 
-    # 2. myapp.py, and `graceful run` in the first terminal, which the set-up block activated.
+    # 2. myapp.py, and `graceful run` in the first terminal, which the set-up step activated.
     (folder / "myapp.py").write_text(app)
     terminal_1 = {**env, "PATH": os.pathsep.join([str(venv / "bin"), path]), "VIRTUAL_ENV": str(venv)}
     server_log, stream_out = tmp_path / "server.log", tmp_path / "stream.out"
@@ -155,19 +165,22 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path, socket_dir: str)
         processes.append(curl)
         wait_for(stream_out, re.compile(r"data: token 1\n"), curl, limit=15)
 
-        # 4. The drain and one more request, in a third terminal, while the stream runs.
+        # 4. The drain and one more request, in a third terminal, while the stream runs. The terminal
+        # shows the drain's lines and curl's answer as one stream, with no progress meter: curl draws
+        # one only when its output is not a terminal, as here, so a .curlrc turns it off.
         assert curl.poll() is None, "the stream ended before the drain could start: make it longer"
+        (tmp_path / ".curlrc").write_text("no-progress-meter\n")
         drained = subprocess.run(
             ["bash", "-e", "-c", drain.replace(f":{readme_port}/", f":{port}/")],
-            cwd=start, env=env, capture_output=True, text=True, timeout=90,
+            cwd=start, env={**env, "CURL_HOME": str(tmp_path)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, timeout=90,
         )  # fmt: skip
-        drain_output = f"{drained.stdout}\n{drained.stderr}"
-        # bash -e: a drain that exits non-zero stops the block before the request.
+        drain_output = drained.stdout
+        # bash -e: a drain that exits non-zero stops the step before the request.
         assert drained.returncode == 0, drain_output
-        assert re.search(r"^drained 1 of 1 worker in \d+\.\d s$", drained.stderr, re.M), drain_output
-        assert re.search(r"^worker \d+: 1 in flight at the drain's start", drained.stderr, re.M), drain_output
-        assert re.search(r"^HTTP/1\.1 503 ", drained.stdout, re.M), drain_output
-        assert re.search(r"^x-graceful-not-started: 1\r?$", drained.stdout, re.M | re.I), drain_output
+        assert re.search(r"^worker \d+: 1 in flight at the drain's start", drain_output, re.M), drain_output
+        assert re.search(r"^drained 1 of 1 worker in \d+\.\d s\nHTTP/1\.1 503 ", drain_output, re.M), drain_output
+        assert re.search(r"^x-graceful-not-started: 1\r?$", drain_output, re.M | re.I), drain_output
 
         # The stream ended whole: every token in order, then its end.
         assert curl.wait(15) == 0
@@ -175,10 +188,9 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path, socket_dir: str)
         assert events[-1] == "data: [DONE]", events
         assert events[:-1] == [f"data: token {i}" for i in range(1, len(events))], events
         # ... and as the README shows it: its first events, a cut, its last ones.
-        [shown_stream] = [output for output in shown if "data: [DONE]" in output]
-        parts = [[line for line in part.splitlines() if line] for part in shown_stream.split("...")]
+        parts = [[line for line in part.splitlines() if line] for part in read(STREAM_OUT).split("...")]
         head, tail = parts[0], parts[-1]
-        assert events[: len(head)] == head and events[-len(tail) :] == tail, (shown_stream, events)
+        assert events[: len(head)] == head and events[-len(tail) :] == tail, (parts, events)
 
         # 5. Ctrl-C in the first terminal (SIGINT to its foreground process group).
         os.killpg(server.pid, signal.SIGINT)
@@ -189,8 +201,8 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path, socket_dir: str)
 
     log = server_log.read_text()
     assert "Finished server process" in log, log
-    printed = "\n".join([log, stream_out.read_text(), drain_output])
-    missing = [line for output in shown for line in unmatched_lines(output, printed)]
-    assert not missing, (
-        "the README shows output that the steps did not print:\n" + "\n".join(missing) + "\n---\n" + printed
+    printed = {RUN_OUT: log, STREAM_OUT: stream_out.read_text(), DRAIN_OUT: drain_output, CTRL_C_OUT: log}
+    missing = [f"{name}: {line}" for name, output in printed.items() for line in unmatched(read(name), output)]
+    assert not missing, "\n".join(
+        ["the README shows output that the steps did not print:", *missing, "---", *printed.values()]
     )

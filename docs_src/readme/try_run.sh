@@ -1,0 +1,1 @@
+graceful run myapp:app --port 8000

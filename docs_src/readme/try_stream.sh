@@ -1,0 +1,1 @@
+curl -N -X POST localhost:8000/generate
