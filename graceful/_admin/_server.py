@@ -335,43 +335,26 @@ class _Responder:
         headers = [*_NDJSON, (b"connection", b"close")]
         await self._send(h11.Response(status_code=200, headers=headers))
         await self._line({Field.EVENT: Event.STATUS, **drain.status().as_dict(), Field.OUTLOOK: ahead})
-        # A progress line at once, then each second, and at each new request of the propagation
-        # phase (_ARRIVAL_GAP apart at most): the hook prints on its own clock, and its lines on
-        # the last new request are then true when printed (issue 51).
+        # A progress line at once, then each second and at each new request of the propagation phase
+        # (_ARRIVAL_GAP apart at most): the hook's lines on the last new request are true when printed.
         await self._line(_progress(drain))
         tick = time.monotonic() + 1.0
         while not done.is_set():
             with anyio.move_on_after(tick - time.monotonic()):
-                await _either(done, inner.next_arrival())
+                await inner.until_arrival(done)
             if done.is_set():
                 break
             await self._line(_progress(drain))
-            now = time.monotonic()
-            if now < tick:
+            if time.monotonic() < tick:  # sent on an arrival: the next one waits a little
                 with anyio.move_on_after(_ARRIVAL_GAP):
                     await done.wait()
             else:
-                tick = now + 1.0
+                tick = time.monotonic() + 1.0
         await self._line({Field.EVENT: Event.RESULT, Field.PID: os.getpid(), **result})
         await self._send(h11.EndOfMessage())
 
     async def _line(self, body: dict[str, object]) -> None:
         await self._send(h11.Data(data=json.dumps(body).encode() + b"\n"))
-
-
-async def _either(done: anyio.Event, other: anyio.Event | None) -> None:
-    """Until ``done`` or ``other`` is set."""
-    if other is None:
-        await done.wait()
-        return
-    async with anyio.create_task_group() as tg:
-
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(wait, done)
-        tg.start_soon(wait, other)
 
 
 def _progress(drain: Drain) -> dict[str, object]:

@@ -23,6 +23,7 @@ import anyio.abc
 
 from .._drain._errors import ConfigError
 from .._drain._observed import SWEEP
+from ._log import show_in_server_log
 from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
@@ -63,6 +64,7 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
                 # one started the admin listener and the SIGTERM takeover, the last one stops.
                 alone = lifecycle.running == 1
                 if kind == "lifespan.startup.complete":
+                    show_in_server_log(logger)  # after the app's own startup, which may configure logging
                     if alone and not services.started:  # an app may send it twice: the server judges that
                         try:
                             await tg.start(services.run)

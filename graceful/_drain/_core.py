@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio
+
 from ._advice import outlook
 from ._ledger import Ledger
 from ._options import DrainConfig, Overrides
@@ -22,8 +24,6 @@ from ._run import DrainRun
 from ._status import DRAINING, FAILED, SERVING, STOPPED, DrainResult, Failure, State, Tally
 
 if TYPE_CHECKING:
-    import anyio
-
     from ._advice import Outlook
 
 __all__ = ["Core", "Duration", "Machine"]
@@ -177,10 +177,21 @@ class Core:
         """Streams the current (or last) drain has handed off so far."""
         return 0 if self.run is None else self.run.handed_off()
 
-    def next_arrival(self) -> anyio.Event | None:
-        """An event the next new request of the running drain's propagation phase sets; None when no drain runs."""
+    async def until_arrival(self, done: anyio.Event) -> None:
+        """Until ``done`` is set or a new request of the running drain's propagation phase arrives (the
+        admin server sends a progress line then)."""
         run = self.run
-        return None if run is None or self.drain.state is not DRAINING else run.next_arrival()
+        if run is None or self.drain.state is not DRAINING:
+            await done.wait()
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def wait(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait, done)
+            tg.start_soon(wait, run.next_arrival())
 
     def outlook(self, limit: float | None = None) -> Outlook:
         """The work in flight judged by the durations seen: how much may outlast the time left to the

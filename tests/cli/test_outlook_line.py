@@ -65,6 +65,7 @@ def send(server: Launched, client: httpx.Client, tokens: int) -> None:
     assert answer.status_code == 200, answer.text
 
 
+@pytest.mark.servers
 @pytest.mark.timeout(60)
 def test_a_stream_older_than_every_one_seen_raises_no_alarm(launch: Callable[..., Launched]) -> None:
     """1. the example server under graceful run serves four streams of 0.5 s 2. a stream of 4 s has run
