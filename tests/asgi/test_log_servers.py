@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -26,6 +27,8 @@ PREFIX = {
     "graceful-run": r"INFO:     ",
 }
 WORKERS = {"gunicorn": 2}
+# The servers that log uvicorn's "Application startup complete" (gunicorn's workers run uvicorn's).
+STARTUP_LINE = {"uvicorn-h11", "gunicorn", "graceful-run"}
 Loggers = tuple[logging.Logger, logging.Logger]
 
 
@@ -36,11 +39,16 @@ def test_sigterm_drain_is_in_the_servers_log(name: str, socket_dir: str) -> None
     """1. the server runs the compatibility app; nobody configures logging but the server 2. SIGTERM
     to its main process 3. it drains and exits. Its output holds the drain's start and its end,
     once per worker (graceful run's too: not twice), each line in the server's own format."""
+    workers = WORKERS.get(name, 1)
     with start_server(name, socket_dir) as (server, log):
+        # /ready answered from one worker: each must have finished its startup (bounded, on the log's changes).
+        deadline = time.monotonic() + 30
+        with log.changed:
+            while log.text().count("Application startup complete") < workers and name in STARTUP_LINE:
+                assert log.changed.wait(max(0.0, deadline - time.monotonic())), log.text()
         server.process.send_signal(signal.SIGTERM)
         server.process.wait(30)
     text = log.text()
-    workers = WORKERS.get(name, 1)
     began = re.findall(rf"(?m)^{PREFIX[name]}state SERVING -> DRAINING at .* \(reason=SIGTERM", text)
     ended = re.findall(rf"(?m)^{PREFIX[name]}drain drained: reason=SIGTERM ", text)
     assert (len(began), len(ended)) == (workers, workers), text
