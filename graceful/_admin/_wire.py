@@ -22,9 +22,10 @@ _MAX_LINE = 1024 * 1024
 # -- The protocol's names -------------------------------------------------------------------------
 # Every answer is one JSON object: GET /status answers the worker's status, POST /resume what it
 # did, a refusal (4xx) {"error": ...}. POST /drain answers NDJSON, one event a line: a status event
-# at once, a progress event about once a second, and a result event when the drain ends. What
-# both ends name is declared here once; tests/admin/test_wire.py holds the server and the readers
-# to it. Plain classes of strings, not enums or dataclasses: this module is on the hook's path.
+# at once, a progress event at once, each second and at each new request of the propagation phase,
+# and a result event when the drain ends. What both ends name is declared here once;
+# tests/admin/test_wire.py holds the server and the readers to it. Plain classes of strings, not
+# enums or dataclasses: this module is on the hook's path.
 
 
 class Event:
