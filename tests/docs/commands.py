@@ -1,5 +1,5 @@
 """Reading the docs' files as the tests run them: the commands of a shell file, the words of a command,
-the ``graceful drain`` command lines a page quotes in its text, and shown log lines held to a real log.
+and the ``graceful drain`` command lines a page quotes in its text (shown output is tests/docs/shown.py's).
 
 The tests run each command with bash, as a reader pastes it, changing only what must differ on a shared
 test machine (ports, addresses, waits); this module says nothing about how, only what a file holds.
@@ -97,28 +97,3 @@ class Typed(Launched):
                 ["bash", "-c", "exec " + command], cwd=cwd, env=terminal_env(GRACEFUL_SOCKET_DIR=socket_dir, **env),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-
-
-# What a shown log line may differ in from a real one: the time a formatter adds between the level and
-# the logger's name, and every number (pids, counts in flight, durations).
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-
-
-def log_pattern(shown: str) -> re.Pattern[str]:
-    """The lines a shown ``LEVEL [logger] message`` line stands for, in a log formatted as
-    ``examples/vllm/logging.json`` does (``LEVEL time [logger] message``)."""
-    level, _, rest = shown.partition(" ")
-    pieces = [re.escape(piece) for piece in _NUMBER.split(rest)]
-    return re.compile(rf"^{re.escape(level)} (?:.*? )?" + r"\d+(?:\.\d+)?".join(pieces) + "$", re.M)
-
-
-def unshown(shown: list[str], log: str) -> list[str]:
-    """The shown lines that ``log`` lacks, each looked for after the one before it (in order)."""
-    missing, position = [], 0
-    for line in shown:
-        found = log_pattern(line).search(log, position)
-        if found is None:
-            missing.append(line)
-        else:
-            position = found.end()
-    return missing

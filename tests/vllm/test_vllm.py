@@ -28,7 +28,8 @@ from graceful import Budget
 from graceful._drain._advice import Evidence, advise
 from graceful._drain._observed import Histogram
 from graceful._engine._histogram import read_histogram
-from tests.docs.commands import read, unshown
+from tests.docs.commands import read
+from tests.docs.shown import unmatched
 from tests.utils import ROOT
 from tests.vllm.conftest import VllmServer, sse_events
 
@@ -532,7 +533,7 @@ def test_sigterm_drains_before_vllms_own_shutdown(start_vllm: Callable[..., Vllm
     assert server.wait_exit(120) == 0, server.log[-4000:]
     log = server.log
     # The lines docs/vllm.md shows (docs_src/vllm/sigterm_log.out), in order: graceful drains, then vLLM shuts down.
-    assert unshown(read("docs_src/vllm/sigterm_log.out").splitlines(), log) == [], log[-4000:]
+    assert unmatched(read("docs_src/vllm/sigterm_log.out"), log) == [], log[-4000:]
     assert log.count("[shutdown] API server: shutdown triggered") == 1
     assert max(stream.ended_at for stream in streams) < time.monotonic()
 
