@@ -65,6 +65,7 @@ def test_the_wheel_holds_the_package_its_types_and_nothing_else(wheel: Path) -> 
         names = set(archive.namelist())
     assert {name.split("/")[0] for name in names} == {"graceful", DIST_INFO}, sorted(names)
     assert "graceful/py.typed" in names
+    assert f"{DIST_INFO}/licenses/LICENSE" in names  # BSD-3-Clause asks for its text beside the code
     assert {name for name in names if not name.startswith(DIST_INFO)} == package_files()
 
 
