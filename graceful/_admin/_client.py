@@ -154,6 +154,9 @@ class WorkerDrain:
         # The work in flight at the drain's start, judged by the durations the server saw
         # (``Drain.outlook``): in_flight, left, at_risk, expected, seen, older.
         self.outlook: dict[str, Any] | None = None
+        # Why the drain under way began, when this request joined it rather than beginning one: its clock,
+        # deadline and options stay, and this request's own were not applied.
+        self.joined: str | None = None
 
     @property
     def done(self) -> bool:
@@ -232,6 +235,8 @@ def _absorb(worker: WorkerDrain, line: dict[str, Any]) -> None:
         worker.in_flight = int(line.get(Field.IN_FLIGHT) or 0)
         ahead = line.get(Field.OUTLOOK)
         worker.outlook = ahead if isinstance(ahead, dict) else None
+        joined = line.get(Field.JOINED)
+        worker.joined = str(joined) if joined is not None else None
     elif event == Event.PROGRESS:
         worker.in_flight = int(line.get(Field.IN_FLIGHT) or 0)
         worker.handed_off = int(line.get(Field.HANDED_OFF) or 0)

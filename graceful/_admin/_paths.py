@@ -10,10 +10,22 @@ import stat
 
 from .._drain._errors import ConfigError
 
-__all__ = ["MAX_PATH", "SOCKET_MODE", "default_socket_dir", "socket_dir_problem", "socket_path"]
+__all__ = [
+    "DEFAULT_DIR",
+    "LONGEST_PID",
+    "MAX_PATH",
+    "SOCKET_MODE",
+    "default_socket_dir",
+    "search_dir_problem",
+    "socket_dir_problem",
+    "socket_path",
+]
 
 MAX_PATH = 107  # sun_path is 108 bytes on Linux, including the terminating NUL
 SOCKET_MODE = 0o600  # owner only: the default of the middleware's socket_mode (0o660 lets the group in)
+LONGEST_PID = 4194304  # Linux's pid_max limit: the longest <pid>.sock a worker of a launcher can have
+# How a message names the directory when nothing set it, and how to choose another.
+DEFAULT_DIR = "the default socket directory (set GRACEFUL_SOCKET_DIR to choose another)"
 
 
 def default_socket_dir() -> str:
@@ -35,17 +47,24 @@ def socket_path(socket_dir: str, pid: int) -> str:
     return path
 
 
-def socket_dir_problem(socket_dir: str) -> str | None:
-    """What already rules ``socket_dir`` out for admin sockets, worded to follow its name and value, or
-    None. Read before startup (when the middleware is built), so that the startup, which makes the
-    directory (``prepare_socket_dir``), does not fail for a reason known earlier; a directory that does
-    not exist yet is fine when it can be made there."""
-    size = len(os.fsencode(os.path.join(socket_dir, f"{os.getpid()}.sock")))
+def socket_dir_problem(socket_dir: str, *, look: bool = True, pid: int | None = None) -> str | None:
+    """What already rules ``socket_dir`` out for a server's admin sockets, worded to follow its name and
+    value, or None. Read before startup (when the middleware is built, by ``graceful run`` for its
+    ``--socket-dir``) and again by the startup that makes the directory (``prepare_socket_dir``), so that
+    it does not fail for a reason known earlier; a directory that does not exist yet is fine when it can be
+    made there. ``look=False`` leaves out what needs the file system; ``pid`` is the worker's (this
+    process's by default)."""
+    if not os.path.isabs(socket_dir):
+        # The server and the preStop hook would each read it from their own working directory.
+        return "is a relative path; use an absolute one, such as /tmp/graceful"
+    size = len(os.fsencode(os.path.join(socket_dir, f"{os.getpid() if pid is None else pid}.sock")))
     if size > MAX_PATH:
         return (
             f"is too long: a socket in it would be {size} bytes, over the {MAX_PATH}-byte Unix socket limit; "
             "choose a shorter directory such as /tmp/graceful"
         )
+    if not look:
+        return None
     try:
         info = os.lstat(socket_dir)  # as prepare_socket_dir reads it: a symbolic link is not a directory
     except (FileNotFoundError, NotADirectoryError):  # not there, or a parent is not a directory
@@ -60,13 +79,36 @@ def socket_dir_problem(socket_dir: str) -> str | None:
     return None
 
 
+def search_dir_problem(socket_dir: str) -> str | None:
+    """What rules ``socket_dir`` out for the commands that look for sockets in it (``graceful drain``,
+    ``status``...), worded as ``socket_dir_problem``'s, or None: a path that is no directory and can never
+    be one. A directory that does not exist (yet) is no such problem: no server is found there."""
+    try:
+        info = os.stat(socket_dir)  # as os.listdir reads it: a link to a directory is one
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return f"cannot be a directory: {_nearest(socket_dir)} is a file; use the directory of the worker sockets"
+    except OSError:
+        return None  # unreadable: the search says so, as no server found
+    if not stat.S_ISDIR(info.st_mode):
+        return "is a file, not a directory; use the directory of the worker sockets"
+    return None
+
+
 def _cannot_make(socket_dir: str) -> str | None:
     """Why startup could not make the missing ``socket_dir``, from its nearest existing parent, or None."""
-    parent = os.path.dirname(os.path.abspath(socket_dir))
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
+    parent = _nearest(socket_dir)
     if not os.path.isdir(parent):
         return f"cannot be made: {parent} is not a directory; choose a directory whose parent is one"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot be made: {parent} is not writable by this user; choose a directory of your own"
     return None
+
+
+def _nearest(socket_dir: str) -> str:
+    """The nearest parent of the missing ``socket_dir`` that exists."""
+    parent = os.path.dirname(os.path.abspath(socket_dir))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    return parent

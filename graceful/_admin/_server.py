@@ -26,7 +26,7 @@ import h11
 from .._drain._durations import parse_duration
 from .._drain._errors import ConfigError
 from .._drain._options import Overrides
-from .._drain._state import Drain, core
+from .._drain._state import Drain, State, core
 from ._paths import DEFAULT_DIR, SOCKET_MODE, default_socket_dir, socket_dir_problem, socket_path
 from ._wire import Event, Field, Value
 
@@ -318,11 +318,22 @@ class _Responder:
         done = anyio.Event()
         result: dict[str, object] = {}
 
+        # Begun here, at once (judged before the answer began): the status event says whether this request
+        # began the drain or joined one already under way, whose clock and deadline it keeps.
+        run = inner.run
+        failure: Exception | None = None
+        try:
+            began = inner.begin(reason, overrides)
+        except Exception as exc:  # a state listener raised: the drain's result says so, below
+            began, failure = True, exc
+        joined = None if began or run is None or drain.state is State.STOPPED else run.reason
+
         async def run_drain() -> None:
             # In the listener's task group, not this connection's: a preStop hook that is
             # killed mid-way must not stop the drain it started.
             try:
-                inner.begin(reason, overrides)  # judged once, before the answer began
+                if failure is not None:
+                    raise failure
                 outcome = await inner.join()
                 result.update(outcome.as_dict())
             except Exception as exc:  # never let it reach the lifespan task group
@@ -334,7 +345,8 @@ class _Responder:
         self.tg.start_soon(run_drain)
         headers = [*_NDJSON, (b"connection", b"close")]
         await self._send(h11.Response(status_code=200, headers=headers))
-        await self._line({Field.EVENT: Event.STATUS, **drain.status().as_dict(), Field.OUTLOOK: ahead})
+        status = {Field.EVENT: Event.STATUS, **drain.status().as_dict(), Field.OUTLOOK: ahead, Field.JOINED: joined}
+        await self._line(status)
         # A progress line at once, then each second and at each new request of the propagation phase
         # (_ARRIVAL_GAP apart at most): the hook's lines on the last new request are true when printed.
         await self._line(_progress(drain))

@@ -56,6 +56,7 @@ class Field:
     DURATIONS = "durations"  # {SINCE, UNTIL, BOUNDS, then per kind of request its counts and sum}
     PROPAGATION = "propagation"  # each drain's propagation phase; a result's: its own drain's
     OUTLOOK = "outlook"  # the status event's: {IN_FLIGHT, LEFT, AT_RISK, EXPECTED, SEEN, OLDER}
+    JOINED = "joined"  # the status event's: why the drain this request joined began (its REASON), else null
     # A failure, the durations and an outlook.
     REASON = "reason"  # also a result's: why the drain began
     DETAIL = "detail"
@@ -90,6 +91,8 @@ class Value:
     """The values of a field that the readers test for, or that the server itself writes."""
 
     DRAINED = "drained"  # RESULT: nothing was left in flight
+    TIMEOUT = "timeout"  # RESULT: the deadline passed with work in flight
+    RESUMED = "resumed"  # RESULT: graceful resume (DRAINING -> SERVING) ended the drain
     ERROR = "error"  # RESULT: the drain raised; ERROR says what
     QUIET = "quiet"  # PROPAGATION_ENDED_BY: the quiet rule ended the propagation phase
     FAILED = "FAILED"  # STATE: the worker failed, and is never resumed

@@ -46,6 +46,7 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
     lifecycle = shared.lifecycle
     services = _Services(shared)
     stopped = False  # the app said its lifespan ended (shutdown complete, or a failure)
+    failed = False  # graceful failed the startup: the server has heard the end of this lifespan
     error: BaseException | None = None
     lifecycle.running += 1
     try:
@@ -58,7 +59,12 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
                 return message
 
             async def wrapped_send(message: Message) -> None:
-                nonlocal stopped
+                nonlocal stopped, failed
+                if failed:
+                    # The server has exited on the startup failure graceful sent: what the app says
+                    # after it (Starlette's shutdown.failed, with the traceback of its cancelled
+                    # receive) is not news to it, and would be printed whole (issue 51).
+                    return
                 kind = message["type"]
                 # Several lifespans at once (one app object run by two servers together): the first
                 # one started the admin listener and the SIGTERM takeover, the last one stops.
@@ -72,7 +78,7 @@ async def lifespan(shared: Shared, scope: Scope, receive: Receive, send: Send) -
                             # Fail the server's startup loudly (it exits) rather than serve without
                             # the admin socket that the preStop hook needs.
                             drain.mark_stopped("startup failed")
-                            stopped = True
+                            stopped = failed = True
                             failure = f"graceful: {_cause(exc, shared)}"
                             await send({"type": "lifespan.startup.failed", "message": failure})
                             return
@@ -120,13 +126,14 @@ def _cause(exc: BaseException, shared: Shared) -> str:
     if isinstance(exc, ConfigError):
         return str(exc)
     if isinstance(exc, OSError) and shared.options.admin:
-        from .._admin._paths import default_socket_dir
+        from .._admin._paths import DEFAULT_DIR, default_socket_dir
 
-        where = shared.options.socket_dir or default_socket_dir()
+        options = shared.options
+        where = options.socket_dir or default_socket_dir()
         return (
-            f"cannot create the admin socket in {where}: {exc.strerror or exc}; set socket_dir "
-            "(GRACEFUL_SOCKET_DIR) to a directory of this user's, or turn the admin socket off (admin=False, "
-            "GRACEFUL_ADMIN=0) and drain through SIGTERM"
+            f"{options.socket_dir_name or DEFAULT_DIR}: cannot create the admin socket in {where!r} "
+            f"({exc.strerror or exc}); choose a directory of this user's, or turn the admin socket off "
+            "(admin=False, GRACEFUL_ADMIN=0) and drain through SIGTERM"
         )
     logger.error("startup failed", exc_info=exc)  # not a setting: a bug, whose traceback is the lead
     return f"{type(exc).__name__}: {exc}"
@@ -153,7 +160,10 @@ class _Services:
                         from .._admin._server import AdminServer
 
                         server = AdminServer(
-                            shared.drain, socket_dir=options.socket_dir, socket_mode=options.socket_mode
+                            shared.drain,
+                            socket_dir=options.socket_dir,
+                            socket_mode=options.socket_mode,
+                            socket_dir_name=options.socket_dir_name or None,
                         )
                         await tg.start(server.serve)
                     if shared.mirror is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._admin._paths import SOCKET_MODE, socket_dir_problem
@@ -162,7 +162,7 @@ def _dir_problem(path: str) -> str | None:
         asyncio.get_running_loop()
     except RuntimeError:
         return socket_dir_problem(path)
-    return None
+    return socket_dir_problem(path, look=False)
 
 
 _LIVE_READ, _LIVE_CHECK = callable_kind("a function of no arguments that returns True while live", awaited=False)
@@ -270,6 +270,9 @@ class MiddlewareConfig:
         "from the drain's start, every response carries `x-envoy-immediate-health-check-fail: true`, which "
         "takes the host out of each Envoy that health-checks it (see [Behind Envoy](gateways.md#behind-envoy))",
     )
+    # Not an option: how socket_dir was given (the option, or its variable), for the messages of the startup
+    # that makes the directory; "" when neither gave it (the default).
+    socket_dir_name: str = field(default="", compare=False, repr=False)
 
     @classmethod
     def resolve(cls, given: Mapping[str, Any], environ: Mapping[str, str]) -> MiddlewareConfig:
@@ -279,7 +282,9 @@ class MiddlewareConfig:
         found, sources = from_environ(
             MIDDLEWARE_DECLARED, (name for name in MIDDLEWARE_DECLARED if name not in passed), environ
         )
-        config = cls(**{**found, **passed})
+        values = {**found, **passed}
+        given_as = _env(variable("socket_dir")) if "socket_dir" in sources else "socket_dir"
+        config = cls(**values, socket_dir_name=given_as if values.get("socket_dir") is not None else "")
         # Two probes on one path: the later one's handler would answer both (a readiness probe
         # answering liveness never fails in a drain).
         probes: dict[str, str] = {}

@@ -7,6 +7,7 @@ Exit codes: 0 done, 1 the deadline passed with work left (or a worker failed),
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
@@ -249,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.UsageError as exc:
         # One line in the command's voice, as every other message (docs/cli.md, "Messages"), not
         # click's three (usage, hint, error).
-        ctx = exc.ctx
-        command = f"graceful {ctx.info_name}" if ctx is not None and ctx.parent is not None else "graceful"
+        command = _voice(exc.ctx, argv)
         click.echo(f"{command}: {exc.format_message().rstrip('.')} (see {command} --help)", err=True)
         return exc.exit_code
     except click.ClickException as exc:
@@ -262,3 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     return result if isinstance(result, int) else 0
+
+
+def _voice(ctx: click.Context | None, argv: list[str] | None) -> str:
+    """Who says a usage error: ``graceful <command>``, else ``graceful``. click's parser raises some errors
+    without their context (``Option '--propagation-wait' requires an argument``): the command is then the
+    first word of the command line that names one."""
+    if ctx is not None:
+        return f"graceful {ctx.info_name}" if ctx.parent is not None else "graceful"
+    words = sys.argv[1:] if argv is None else argv
+    known = set(cli.list_commands(click.Context(cli)))
+    command = next((word for word in words if not word.startswith("-")), None)
+    return f"graceful {command}" if command in known else "graceful"

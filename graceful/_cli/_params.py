@@ -8,8 +8,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import click
+from click.core import ParameterSource
 
-from .._drain._durations import parse_duration
+from .._admin._paths import LONGEST_PID, socket_dir_problem
+from .._drain._durations import check_option
 from .._drain._errors import ConfigError
 from .._drain._names import variable
 from ._servers import EXIT_USAGE
@@ -18,7 +20,8 @@ __all__ = ["DURATION", "Duration", "FromEnv", "fail", "socket_dir_option"]
 
 
 class Duration(click.ParamType[float]):
-    """``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds."""
+    """``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds, held to the rule of
+    the option it sets (a flag's parameter is named after its option: ``--grace-period``, ``grace_period``)."""
 
     name = "duration"
 
@@ -27,7 +30,7 @@ class Duration(click.ParamType[float]):
             return value
         name = param.name if param and param.name else "duration"
         try:
-            return parse_duration(value, name=name)
+            return check_option(name, value, name=name)
         except ConfigError as exc:
             # click names the flag as typed ("Invalid value for '--timeout'"): the rest is the reason.
             self.fail(str(exc).removeprefix(f"{name}: "), param, ctx)
@@ -73,6 +76,24 @@ def fail(ctx: click.Context, message: str) -> NoReturn:
     ctx.exit(EXIT_USAGE)
 
 
+def _socket_dir_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--socket-dir`` (or ``GRACEFUL_SOCKET_DIR``) as ``graceful run`` takes it: its server makes the
+    directory, so the server's rules (``socket_dir_problem``) apply at once, before the app is loaded, with
+    the flag or the variable named as the user gave it; a typed relative path is taken from the current
+    directory. The commands that search the directory check it where they know ``--socket`` too
+    (``socket_dir_to_search``)."""
+    if value is None or ctx.command.name != "run":
+        return value
+    typed = ctx.get_parameter_source("socket_dir") is ParameterSource.COMMANDLINE
+    path = os.path.abspath(value) if typed else value
+    problem = socket_dir_problem(path, pid=LONGEST_PID)  # a worker's pid may be any
+    if problem is None:
+        return path
+    if typed:
+        raise click.BadParameter(f"{value!r} {problem}", ctx, param)
+    fail(ctx, f"environment variable {variable('socket_dir')}: {value!r} {problem}")
+
+
 # Where the worker sockets are: every command that talks to graceful servers, and graceful run's own.
 socket_dir_option = click.option(
     "--socket-dir",
@@ -80,6 +101,8 @@ socket_dir_option = click.option(
     envvar=variable("socket_dir"),
     variables=(variable("socket_dir"),),
     default_text="<tmp>/graceful-<uid>",
-    type=click.Path(file_okay=False),
+    type=click.Path(),
+    metavar="DIRECTORY",
+    callback=_socket_dir_given,
     help="Directory of the worker sockets.",
 )

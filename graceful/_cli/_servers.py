@@ -18,8 +18,9 @@ import time
 from collections.abc import Mapping
 
 from .._admin._client import NoServer, WorkerDrain, discover, drain_all
+from .._admin._paths import search_dir_problem
 from .._admin._wire import Field, Value
-from .._drain._durations import FLAGS, check_quiet, default_reserve, judge_drain, parse_duration, resolve_grace
+from .._drain._durations import FLAGS, check_option, check_quiet, default_reserve, judge_drain, resolve_grace
 from .._drain._errors import ConfigError
 from .._drain._names import variable
 
@@ -101,7 +102,7 @@ def read_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> dict[
             position += 1
         if kind:
             try:
-                args[key] = parse_duration(value, name=key)
+                args[key] = check_option(key, value, name=name)
             except ConfigError:
                 return None
         elif value:
@@ -119,6 +120,11 @@ def socket_dir_to_search(socket_dir: str | None, socket: str | None, *, typed: b
         if typed:
             raise UsageProblem(BOTH_SOCKETS)
         return None
+    problem = search_dir_problem(socket_dir) if socket_dir else None
+    if problem is not None:
+        # A path that can never hold sockets is the user's to fix (exit 2), as with every command.
+        given = "Invalid value for '--socket-dir':" if typed else f"environment variable {variable('socket_dir')}:"
+        raise UsageProblem(f"{given} {socket_dir!r} {problem}")
     return socket_dir
 
 
@@ -139,10 +145,12 @@ def run_drain(
     """
     if socket_dir and socket:
         raise UsageProblem(BOTH_SOCKETS)
+    given = (propagation_wait, propagation_quiet, timeout, grace_period)
     if propagation_quiet is not None:
         # Checked here when both are given; against the server's own wait, the server answers.
         try:
-            check_quiet(propagation_quiet, math.inf if propagation_wait is None else propagation_wait)
+            wait = math.inf if propagation_wait is None else propagation_wait
+            check_quiet(propagation_quiet, wait, name="--propagation-quiet", wait_name=FLAGS["wait"])
         except ConfigError as exc:
             raise UsageProblem(str(exc)) from None
     if grace_period is not None or timeout is not None:
@@ -151,7 +159,7 @@ def run_drain(
         # server's own rule before any server is contacted (the deadline would come before the
         # balancers have stopped sending).
         try:
-            grace = None if grace_period is None else resolve_grace(grace_period)
+            grace = None if grace_period is None else resolve_grace(grace_period, name=FLAGS["grace"])
             timeout = judge_drain(
                 propagation_wait,
                 grace=grace,
@@ -163,12 +171,17 @@ def run_drain(
         except ConfigError as exc:
             raise UsageProblem(str(exc)) from None
     started = time.monotonic()
+    # This drain's own options, as a worker already draining does not apply them (it keeps its drain's).
+    flags = ("--propagation-wait", "--propagation-quiet", "--timeout", FLAGS["grace"])
+    asked = [f"{flag} {value:g}s" for flag, value in zip(flags, given, strict=True) if value is not None]
 
     def progress(workers: list[WorkerDrain]) -> None:
         if not quiet:
             _say(_progress_line(workers, time.monotonic() - started))
 
     def begun(worker: WorkerDrain) -> None:
+        if worker.joined is not None and (asked or not quiet):
+            _say(_joined_line(worker, asked))
         line, at_risk = _outlook_line(worker)
         if line and (at_risk or not quiet):
             _say(line)
@@ -241,6 +254,18 @@ def _progress_line(workers: list[WorkerDrain], elapsed: float) -> str:
     return line
 
 
+def _joined_line(worker: WorkerDrain, asked: list[str]) -> str:
+    """A worker was already draining: this drain joined that one, which keeps its clock and deadline
+    (``Drain.begin_drain``), and says which of this drain's options were not applied."""
+    name = f"worker {worker.pid}" if worker.pid else worker.path
+    deadline = f" (deadline in {max(0.0, worker.deadline - time.time()):.0f} s)" if worker.deadline else ""
+    line = (
+        f"graceful drain: {name} was already draining (begun by {worker.joined}): joined that drain, "
+        f"which keeps its own clock and deadline{deadline}"
+    )
+    return f"{line}; not applied: {', '.join(asked)}" if asked else line
+
+
 def _outlook_line(worker: WorkerDrain) -> tuple[str, int]:
     """What the worker's drain starts with: its work in flight judged by the durations it has seen,
     and how many may outlast the deadline ("" when the server sent no outlook)."""
@@ -298,13 +323,22 @@ def _report(workers: list[WorkerDrain], elapsed: float) -> list[str]:
             handed = result.get(Field.HANDED_OFF) or 0
             note = f"; {handed} stream{'s' if handed != 1 else ''} handed off" if handed else ""
             lines.append(f"{name}: drained in {result.get(Field.DURATION, 0):.1f} s{_propagation_note(result)}{note}")
-        else:
+        elif result.get(Field.RESULT) == Value.RESUMED:
+            # Ended by graceful resume, not by a deadline: what was in flight goes on being served.
+            lines.append(
+                f"{name}: resumed after {result.get(Field.DURATION, 0):.1f} s (graceful resume): serving again, "
+                f"with {result.get(Field.IN_FLIGHT, 0)} in flight"
+            )
+        elif result.get(Field.RESULT) == Value.TIMEOUT:
             ended = result.get(Field.TRUNCATED, 0)
             lines.append(
                 f"{name}: {result.get(Field.RESULT)} with {result.get(Field.IN_FLIGHT, 0)} in flight; "
                 f"{ended} ended at the deadline (streams got a final retryable error event)"
             )
             lines.extend(f"  left: {item}" for item in result.get(Field.LEFTOVER) or [])
+        else:  # stopped (the server shut down mid-drain), or the drain raised
+            error = f": {result[Field.ERROR]}" if result.get(Field.ERROR) else ""
+            lines.append(f"{name}: {result.get(Field.RESULT)} with {result.get(Field.IN_FLIGHT, 0)} in flight{error}")
     drained = sum(1 for w in workers if w.result is not None and w.result.get(Field.RESULT) == Value.DRAINED)
     lines.append(f"drained {drained} of {len(workers)} worker{'s' if len(workers) != 1 else ''} in {elapsed:.1f} s")
     return lines

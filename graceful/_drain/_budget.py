@@ -20,6 +20,7 @@ from ._durations import (
     drain_limit,
     judge_drain,
     parse_duration,
+    resolve_drain_timeout,
     resolve_grace,
     resolve_reserve,
 )
@@ -98,7 +99,7 @@ class Budget:
             grace, values["reserve"], name=label["reserve"], grace_name=_named("grace_period", sources)
         )
         timeout = values["drain_timeout"]
-        timeout = None if timeout is None else parse_duration(timeout, name=label["drain_timeout"])
+        timeout = None if timeout is None else resolve_drain_timeout(timeout, name=label["drain_timeout"])
         wait = parse_duration(values["propagation_wait"], name=label["propagation_wait"])
         given_quiet = values["propagation_quiet"]
         quiet = None

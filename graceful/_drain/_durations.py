@@ -14,6 +14,8 @@ from ._errors import ConfigError
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
+    "MAX_GRACE_PERIOD",
+    "check_option",
     "check_quiet",
     "check_wait",
     "default_reserve",
@@ -21,6 +23,7 @@ __all__ = [
     "drain_limit",
     "judge_drain",
     "parse_duration",
+    "resolve_drain_timeout",
     "resolve_grace",
     "resolve_reserve",
 ]
@@ -75,6 +78,10 @@ def _parse_units(text: str, original: str, name: str) -> float:
 
 
 DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds: the default of Budget.grace_period
+# The longest grace period accepted: a year. Kubernetes sets no bound, but no pod is given that long to stop:
+# a longer one is a typing slip (99999999999999999999 made a "drain limit 7e+19s", issue 51).
+MAX_GRACE_PERIOD = 365 * 24 * 3600.0
+_GRACE_FIX = "set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
 
 
 def check_quiet(
@@ -170,15 +177,48 @@ def judge_drain(
 
 
 def resolve_grace(grace_period: float | str, *, name: str = "grace_period") -> float:
-    """The grace period given, parsed; refused when it leaves no time to drain. ``name`` is how the
-    user gave it (the option, or ``environment variable GRACEFUL_GRACE_PERIOD``)."""
+    """The grace period given, parsed; refused when it leaves no time to drain or is longer than a year
+    (``MAX_GRACE_PERIOD``). ``name`` is how the user gave it (the option, the flag, or ``environment
+    variable GRACEFUL_GRACE_PERIOD``); the messages show the value as given."""
     grace = parse_duration(grace_period, name=name)
     if grace <= 0:
-        raise ConfigError(
-            f"{name}: {grace_period!r} leaves no time to drain; "
-            "set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
-        )
+        raise ConfigError(f"{name}: {grace_period!r} leaves no time to drain; {_GRACE_FIX}")
+    if grace > MAX_GRACE_PERIOD:
+        raise ConfigError(f"{name}: {grace_period!r} is longer than a year, the longest accepted; {_GRACE_FIX}")
     return grace
+
+
+def resolve_drain_timeout(drain_timeout: float | str, *, name: str = "drain_timeout") -> float:
+    """The drain timeout given, parsed; refused at 0, which would end every request at the drain's start.
+    ``name`` is how the user gave it; not giving one leaves the drain ``grace_period - reserve``."""
+    timeout = parse_duration(drain_timeout, name=name)
+    if timeout <= 0:
+        raise ConfigError(
+            f"{name}: {drain_timeout!r} leaves no time to drain; give the longest the drain may take (e.g. 60s), "
+            "or leave it unset for grace_period - reserve"
+        )
+    return timeout
+
+
+# The rule each duration option holds alone, beyond parsing: ``check_option`` applies it wherever a value
+# arrives with its name (the options and variables in ``Budget.resolve``, the CLI's flags as they are read).
+_ALONE = {
+    "grace_period": resolve_grace,
+    "drain_timeout": resolve_drain_timeout,
+}
+
+
+def check_option(option: str, value: float | str, *, name: str) -> float:
+    """``value`` for the duration ``option`` (``grace_period``, ``propagation_quiet``...), parsed and held to
+    the rule of that option alone; ``name`` is how the user gave it (``--grace-period``). Rules between
+    options (the quiet period against the wait, the wait against the drain) come later, once all are known."""
+    rule = _ALONE.get(option)
+    if rule is not None:
+        return rule(value, name=name)
+    seconds = parse_duration(value, name=name)
+    if option == "propagation_quiet":
+        check_quiet(seconds, math.inf, given=value, name=name)
+    return seconds
 
 
 def default_reserve(grace: float) -> float:

@@ -14,6 +14,8 @@ import pytest
 
 from tests.utils import ROOT
 
+pytestmark = pytest.mark.servers  # each row runs the console script as a process (tests/tiers.py)
+
 PLAIN_APP = """
 async def app(scope, receive, send):
     if scope["type"] == "http":
@@ -82,6 +84,63 @@ ROWS = [
         ["'--socket-dir'", "{file}"],
     ),
     ("run-no-module", ["run", "no_such_module_here:app"], {}, 2, "graceful run:", ["no_such_module_here:app"]),
+    # Issue 51: the flag or the variable the user actually used, the value as typed, in every command.
+    (
+        "run-socket-dir-under-a-file",
+        ["run", "plain:app", "--app-dir", "{dir}", "--socket-dir", "{file}/sub"],
+        {},
+        2,
+        "graceful run:",
+        ["'--socket-dir'", "'{file}/sub'", "is not a directory"],
+    ),
+    (
+        "run-socket-dir-variable-file",
+        ["run", "plain:app", "--app-dir", "{dir}"],
+        {"GRACEFUL_SOCKET_DIR": "{file}"},
+        2,
+        "graceful run:",
+        ["environment variable GRACEFUL_SOCKET_DIR: '{file}' is a file"],
+    ),
+    (
+        "run-socket-dir-variable-relative",
+        ["run", "plain:app", "--app-dir", "{dir}"],
+        {"GRACEFUL_SOCKET_DIR": "relative/dir"},
+        2,
+        "graceful run:",
+        ["environment variable GRACEFUL_SOCKET_DIR: 'relative/dir' is a relative path", "absolute"],
+    ),
+    (
+        "run-drain-timeout-zero",
+        ["run", "plain:app", "--app-dir", "{dir}", "--drain-timeout", "0"],
+        {},
+        2,
+        "graceful run:",
+        ["'--drain-timeout'", "'0' leaves no time to drain"],
+    ),
+    (
+        "run-drain-timeout-variable-zero",
+        ["run", "plain:app", "--app-dir", "{dir}"],
+        {"GRACEFUL_DRAIN_TIMEOUT": "0s"},
+        2,
+        "graceful run:",
+        ["environment variable GRACEFUL_DRAIN_TIMEOUT: '0s' leaves no time to drain"],
+    ),
+    (
+        "run-grace-over-a-year",
+        ["run", "plain:app", "--app-dir", "{dir}", "--grace-period", "99999999999999999999"],
+        {},
+        2,
+        "graceful run:",
+        ["'--grace-period'", "'99999999999999999999' is longer than a year"],
+    ),
+    (
+        "run-grace-variable-over-a-year",
+        ["run", "plain:app", "--app-dir", "{dir}"],
+        {"GRACEFUL_GRACE_PERIOD": "1e20"},
+        2,
+        "graceful run:",
+        ["environment variable GRACEFUL_GRACE_PERIOD: '1e20' is longer than a year"],
+    ),
     ("no-command", ["nosuch"], {}, 2, "graceful:", ["'nosuch'"]),
     (
         "drain-both-sockets",
@@ -92,6 +151,54 @@ ROWS = [
         ["--socket-dir", "--socket"],
     ),
     ("drain-bad-duration", ["drain", "--timeout=later"], {}, 2, "graceful drain:", ["'--timeout'", "'later'"]),
+    (
+        "drain-missing-value",
+        ["drain", "--propagation-wait"],
+        {},
+        2,
+        "graceful drain:",
+        ["'--propagation-wait' requires an argument", "graceful drain --help"],
+    ),
+    (
+        "drain-socket-dir-file",
+        ["drain", "--socket-dir", "{file}"],
+        {},
+        2,
+        "graceful drain:",
+        ["'--socket-dir'", "'{file}' is a file"],
+    ),
+    (
+        "drain-socket-dir-variable-file",
+        ["drain"],
+        {"GRACEFUL_SOCKET_DIR": "{file}"},
+        2,
+        "graceful drain:",
+        ["environment variable GRACEFUL_SOCKET_DIR: '{file}' is a file"],
+    ),
+    (
+        "drain-grace-zero",
+        ["drain", "--grace-period", "0"],
+        {},
+        2,
+        "graceful drain:",
+        ["'--grace-period'", "'0' leaves no time to drain"],
+    ),
+    (
+        "drain-grace-over-a-year",
+        ["drain", "--grace-period", "99999999999999999999"],
+        {},
+        2,
+        "graceful drain:",
+        ["'--grace-period'", "'99999999999999999999' is longer than a year"],
+    ),
+    (
+        "drain-quiet-over-wait",
+        ["drain", "--propagation-quiet", "5", "--propagation-wait", "2"],
+        {},
+        2,
+        "graceful drain:",
+        ["--propagation-quiet 5s is longer than --propagation-wait 2s"],
+    ),
     ("drain-unknown-option", ["drain", "--no-such-option"], {}, 2, "graceful drain:", ["'--no-such-option'"]),
     (
         "drain-wait-over-budget",
@@ -119,6 +226,23 @@ ROWS = [
         ["--socket-dir", "--socket"],
     ),
     ("status-no-server", ["status", "--socket", "{dir}/1.sock"], {}, 3, "graceful status:", ["{dir}/1.sock"]),
+    (
+        "status-socket-dir-file",
+        ["status", "--socket-dir", "{file}"],
+        {},
+        2,
+        "graceful status:",
+        ["'--socket-dir'", "'{file}' is a file"],
+    ),
+    (
+        "status-socket-dir-variable-file",
+        ["status"],
+        {"GRACEFUL_SOCKET_DIR": "{file}"},
+        2,
+        "graceful status:",
+        ["environment variable GRACEFUL_SOCKET_DIR: '{file}' is a file"],
+    ),
+    ("status-missing-value", ["status", "--socket"], {}, 2, "graceful status:", ["'--socket' requires an argument"]),
     (
         "advise-two-sources",
         ["advise", "--engine", "vllm", "--from", "{status}"],
@@ -156,7 +280,7 @@ def test_bad_input_gets_one_line_in_the_commands_voice(
     (tmp_path / "status.json").write_text("[]")
     (tmp_path / "wrong.json").write_text(json.dumps({"hello": "world"}))
     environ = {key: value for key, value in os.environ.items() if not key.startswith("GRACEFUL_")}
-    environ |= {"GRACEFUL_SOCKET_DIR": str(tmp_path), **env}
+    environ |= {"GRACEFUL_SOCKET_DIR": str(tmp_path), **{name: value.format(**places) for name, value in env.items()}}
     done = subprocess.run(
         [sys.executable, "-m", "graceful", *(arg.format(**places) for arg in argv)],
         cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60,

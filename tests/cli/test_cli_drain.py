@@ -150,4 +150,4 @@ def test_a_usage_problem_found_without_click_is_told_by_click(tmp_path: Any) -> 
     assert both.returncode == 2
     assert both.stderr.strip() == "graceful drain: use --socket-dir or --socket, not both"
     quiet = run_hook("--socket-dir", str(tmp_path), "--propagation-wait", "1s", "--propagation-quiet", "2s")
-    assert quiet.returncode == 2 and "propagation_quiet" in quiet.stderr and "Traceback" not in quiet.stderr
+    assert quiet.returncode == 2 and "--propagation-quiet 2s" in quiet.stderr and "Traceback" not in quiet.stderr
