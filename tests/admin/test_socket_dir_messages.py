@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.commands import terminal_env
+from tests.docs.shown import console, unmatched
 from tests.utils import ROOT
 
 pytestmark = pytest.mark.servers  # real uvicorn processes (tests/tiers.py)
@@ -82,13 +84,19 @@ def test_the_option_in_code_is_named_as_the_code_gave_it(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="as root, only making it can tell that /proc takes no directory")
-def test_a_directory_only_the_startup_can_find_wrong(tmp_path: Path) -> None:
-    """The issue's case: GRACEFUL_SOCKET_DIR=/proc/x for an app wrapped at import. Root may write /proc's
-    entries, so nothing rules it out until makedirs fails; the one line says what the system said."""
-    done = uvicorn(tmp_path, WRAPPED_APP, GRACEFUL_SOCKET_DIR="/proc/x")
+def test_a_directory_only_the_startup_can_find_wrong_as_the_page_shows(tmp_path: Path) -> None:
+    """docs/cli.md, "Messages", the issue's case: ``GRACEFUL_SOCKET_DIR=/proc/x uvicorn app:app`` for an app
+    wrapped at import. Root may write /proc's entries, so nothing rules it out until makedirs fails: uvicorn
+    prints the page's lines (graceful's one among them) and exits 3."""
+    ((command, shown),) = console((Path(ROOT) / "docs_src/cli/socket_dir_uvicorn.console").read_text())
+    (tmp_path / "app.py").write_text(WRAPPED_APP.format(options=""))
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=tmp_path, env=terminal_env(PYTHONPATH=ROOT),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert done.returncode == UVICORN_STARTUP_FAILURE, done.stderr
-    [line] = graceful_lines(done, "/proc/x")
-    assert "graceful: environment variable GRACEFUL_SOCKET_DIR: '/proc/x' cannot be made (" in line
+    assert unmatched(shown, done.stderr) == [], done.stderr
+    assert len(done.stderr.splitlines()) == len(shown.splitlines()), done.stderr  # nothing more: no traceback
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.commands import terminal_env
+from tests.docs.shown import console
 from tests.utils import ROOT
 
 pytestmark = pytest.mark.servers  # each row runs the console script as a process (tests/tiers.py)
@@ -292,3 +294,14 @@ def test_bad_input_gets_one_line_in_the_commands_voice(
     assert lines[0].startswith(prefix + " "), lines[0]
     for text in named:
         assert text.format(**places) in lines[0], lines[0]
+
+
+def test_a_grace_period_no_pod_can_have_is_refused_as_the_page_shows(tmp_path: Path) -> None:
+    """docs/cli.md, "Messages": the page's command, typed as shown, prints the page's one line, exit 2."""
+    ((command, shown),) = console((Path(ROOT) / "docs_src/cli/grace_refused.console").read_text())
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env=terminal_env(GRACEFUL_SOCKET_DIR=str(tmp_path)),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stdout == "" and done.stderr == shown + "\n"
