@@ -1,6 +1,7 @@
 """Where admin sockets live: shared by the server end and the client end of the admin protocol.
 
-Kept tiny on purpose: ``graceful drain`` imports it on the preStop path.
+Kept small on purpose: ``graceful drain`` imports it on the preStop path (the rules and the making of a
+server's directory import nothing more than its search does).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "MAX_PATH",
     "SOCKET_MODE",
     "default_socket_dir",
+    "prepare_socket_dir",
     "search_dir_problem",
     "socket_dir_problem",
     "socket_path",
@@ -77,6 +79,25 @@ def socket_dir_problem(socket_dir: str, *, look: bool = True, pid: int | None = 
     if info.st_uid != os.getuid():
         return f"belongs to uid {info.st_uid}, not to this user ({os.getuid()}); choose a directory of your own"
     return None
+
+
+def prepare_socket_dir(socket_dir: str, *, group: bool = False, name: str = "socket_dir") -> None:
+    """Create the directory private to this user (0700, or 0750 for group access), or refuse it, naming it
+    as the user gave it (``name``: ``socket_dir``, ``environment variable GRACEFUL_SOCKET_DIR``)."""
+    mode = 0o750 if group else 0o700
+    problem = socket_dir_problem(socket_dir)
+    if problem is None:
+        try:
+            os.makedirs(socket_dir, mode=mode, exist_ok=True)
+        except OSError as exc:
+            # What no look could foresee (root making a directory under /proc, a full disk).
+            problem = f"cannot be made ({exc.strerror}); choose a directory this user can make, such as /tmp/graceful"
+        else:
+            problem = socket_dir_problem(socket_dir)  # what is there now: another process may have put a file
+    if problem is not None:
+        raise ConfigError(f"{name}: {socket_dir!r} {problem}")
+    if stat.S_IMODE(os.lstat(socket_dir).st_mode) != mode:
+        os.chmod(socket_dir, mode)
 
 
 def search_dir_problem(socket_dir: str) -> str | None:

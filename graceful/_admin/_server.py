@@ -27,10 +27,10 @@ from .._drain._durations import parse_duration
 from .._drain._errors import ConfigError
 from .._drain._options import Overrides
 from .._drain._state import Drain, State, core
-from ._paths import DEFAULT_DIR, SOCKET_MODE, default_socket_dir, socket_dir_problem, socket_path
+from ._paths import DEFAULT_DIR, SOCKET_MODE, default_socket_dir, prepare_socket_dir, socket_path
 from ._wire import Event, Field, Value
 
-__all__ = ["AdminServer", "is_listening", "prepare_socket_dir", "remove_stale"]
+__all__ = ["AdminServer", "is_listening", "remove_stale"]
 
 logger = logging.getLogger("graceful")
 
@@ -38,26 +38,6 @@ MAX_REQUEST = 64 * 1024
 _ARRIVAL_GAP = 0.1  # seconds: a drain's progress lines sent on new requests come at most this often
 _NDJSON = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-store")]
 _ROUTES = {"/status": b"GET", "/drain": b"POST", "/resume": b"POST"}
-
-
-def prepare_socket_dir(socket_dir: str, *, group: bool = False, name: str = "socket_dir") -> None:
-    """Create the directory private to this user (0700, or 0750 for group access), or refuse it. ``name``
-    is how the user gave the directory (``socket_dir``, ``environment variable GRACEFUL_SOCKET_DIR``), for
-    the message."""
-    mode = 0o750 if group else 0o700
-    problem = socket_dir_problem(socket_dir)
-    if problem is None:
-        try:
-            os.makedirs(socket_dir, mode=mode, exist_ok=True)
-        except OSError as exc:
-            # What no look could foresee (root making a directory under /proc, a full disk).
-            problem = f"cannot be made ({exc.strerror}); choose a directory this user can make, such as /tmp/graceful"
-        else:
-            problem = socket_dir_problem(socket_dir)  # what is there now: another process may have put a file
-    if problem is not None:
-        raise ConfigError(f"{name}: {socket_dir!r} {problem}")
-    if stat.S_IMODE(os.lstat(socket_dir).st_mode) != mode:
-        os.chmod(socket_dir, mode)
 
 
 def is_listening(path: str) -> bool:
@@ -133,8 +113,8 @@ class AdminServer:
             raise ConfigError(f"socket_mode {socket_mode:#o} is not allowed; use 0o600 (default) or 0o660 (group)")
         self.drain = drain
         self.socket_dir = socket_dir or default_socket_dir()
-        # How the user gave the directory, for the startup's messages (the middleware knows: the option
-        # in code, or its variable); the default's words when none was given.
+        # How the user gave the directory (the middleware knows: the option in code, or its variable), for the
+        # startup's messages; the default's words when none was given.
         self.socket_dir_name = socket_dir_name or ("socket_dir" if socket_dir else DEFAULT_DIR)
         self.socket_mode = socket_mode
         self.path = ""

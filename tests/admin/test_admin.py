@@ -30,8 +30,8 @@ import graceful._admin._server
 from graceful import ConfigError, Drain, GracefulMiddleware, State
 from graceful._admin._client import NoServer
 from graceful._admin._client import drain_all as drain_all_sync
-from graceful._admin._paths import socket_path
-from graceful._admin._server import AdminServer, prepare_socket_dir, remove_stale
+from graceful._admin._paths import prepare_socket_dir, socket_path
+from graceful._admin._server import AdminServer, remove_stale
 from tests.apps.streaming import app as streaming_app
 from tests.apps.workers import FakeWorker, chunk, ndjson, ndjson_head, status_line
 from tests.utils import ROOT, run_uvicorn
