@@ -273,6 +273,9 @@ class MiddlewareConfig:
     # Not an option: how socket_dir was given (the option, or its variable), for the messages of the startup
     # that makes the directory; "" when neither gave it (the default).
     socket_dir_name: str = field(default="", compare=False, repr=False)
+    # Not an option: the names of the options given in code, read-only (the others came from their variables,
+    # else their defaults); ``graceful run`` refuses a flag that contradicts one given in code.
+    in_code: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @classmethod
     def resolve(cls, given: Mapping[str, Any], environ: Mapping[str, str]) -> MiddlewareConfig:
@@ -284,7 +287,11 @@ class MiddlewareConfig:
         )
         values = {**found, **passed}
         given_as = _env(variable("socket_dir")) if "socket_dir" in sources else "socket_dir"
-        config = cls(**values, socket_dir_name=given_as if values.get("socket_dir") is not None else "")
+        config = cls(
+            **values,
+            socket_dir_name=given_as if values.get("socket_dir") is not None else "",
+            in_code=frozenset(passed),
+        )
         # Two probes on one path: the later one's handler would answer both (a readiness probe
         # answering liveness never fails in a drain).
         probes: dict[str, str] = {}

@@ -1,14 +1,14 @@
 """``graceful run``: an app under uvicorn, draining on SIGTERM (loaded only when asked for).
 
 Its drain flags are the drain options (``graceful/_drain/_options.py``); their help says each one's
-variable and default as the declarations state them.
+variable and default as the declarations state them. A flag given sets its option's variable for the
+app (``graceful/_serve/_server.py``, ``serve``): it fills what the app's code left unset.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -19,12 +19,29 @@ from .._drain._errors import ConfigError
 from .._drain._options import DRAIN_DECLARED
 from ._params import DURATION, FromEnv, fail, socket_dir_option
 
+if TYPE_CHECKING:
+    from .._serve._load import Flag
+
 __all__ = ["run_command"]
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 # Above the 60 s for which nginx, AWS ALB and most gateways keep an idle upstream
 # connection: a server that closes first races the balancer's next request on it (a 502).
 DEFAULT_KEEP_ALIVE = 75
+EXIT_CANNOT_START = 3  # as uvicorn's own exit when its startup fails
+
+
+# Where each drain flag's text, as typed, is kept in the click context's meta (by option).
+_TYPED = "graceful.run.typed"
+
+
+class _DrainFlag(FromEnv):
+    """A drain option's flag, which keeps the text typed: messages quote it, and its variable is set to it."""
+
+    def process_value(self, ctx: click.Context, value: Any) -> Any:
+        if isinstance(value, str):
+            ctx.meta.setdefault(_TYPED, {})[self.name] = value
+        return super().process_value(ctx, value)
 
 
 def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
@@ -34,7 +51,7 @@ def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
     default, env = DRAIN_DECLARED[option]
     return click.option(
         flag,
-        cls=FromEnv,
+        cls=_DrainFlag,
         default=None,
         variables=(variable(option),),
         default_text=shown_default(default, env),
@@ -50,6 +67,7 @@ def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
 @click.option("--uds", default=None, help="Bind to this Unix socket instead of host and port.")
 @click.option(
     "--app-dir",
+    type=click.Path(exists=True, file_okay=False),
     default=".",
     show_default=True,
     help="Look for APP's module in this directory first (as uvicorn does): the current one by default.",
@@ -91,17 +109,35 @@ def run_command(
     **values: Any,
 ) -> None:
     """Run APP (module:attr) under uvicorn, draining on SIGTERM."""
-    from .._serve._server import serve  # uvicorn is only needed here: keep `graceful drain` quick to start
-
-    sys.path.insert(0, app_dir)  # as uvicorn's --app-dir: `graceful run myapp:app` finds ./myapp.py
+    from .._serve._server import CannotListen, serve  # uvicorn is only needed here: keep `graceful drain` quick
 
     # What goes to uvicorn.Config rather than to the drain.
     server: dict[str, Any] = {key: values.pop(key) for key in ("host", "port", "uds")}
     server["timeout_keep_alive"] = timeout_keep_alive
-    options = {k: v for k, v in values.items() if v is not None}
-    explicit = frozenset(name for name in values if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT)
     try:
-        code = serve(app, options, explicit, workers=workers, log_level=log_level, **server)
+        code = serve(app, _flags(ctx, values), app_dir=app_dir, workers=workers, log_level=log_level, **server)
     except ConfigError as exc:
         fail(ctx, str(exc))
+    except CannotListen as exc:
+        click.echo(f"graceful {ctx.info_name}: {exc}", err=True)
+        ctx.exit(EXIT_CANNOT_START)
     ctx.exit(code)
+
+
+def _flags(ctx: click.Context, values: dict[str, Any]) -> list[Flag]:
+    """The drain flags given on the command line (``--socket-dir`` included; not from its variable), each
+    with its text as typed."""
+    from .._serve._load import Flag
+
+    typed: dict[str, str] = ctx.meta.get(_TYPED, {})
+    flags = []
+    for name, value in values.items():
+        if value is None or ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(Flag(name, value, flag if value else flag.replace("--", "--no-", 1), "1" if value else "0"))
+        else:
+            text = typed.get(name, str(value))
+            flags.append(Flag(name, value, f"{flag} {text}", value if name == "socket_dir" else text))
+    return flags

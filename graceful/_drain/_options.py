@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._budget import Budget, check_quiet, parse_duration
@@ -65,6 +65,9 @@ class DrainConfig:
         "SIGTERM/SIGINT start the drain and reach the server's own handler once it has ended "
         "(see [outside Kubernetes](outside-kubernetes.md)); False leaves them to the server",
     )
+    # Not an option: the names of the options given in code, read-only. The others came from their
+    # variables, else their defaults; ``graceful run`` refuses a flag that contradicts one given in code.
+    in_code: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @classmethod
     def resolve(cls, given: Mapping[str, Any], environ: Mapping[str, str]) -> DrainConfig:
@@ -80,7 +83,9 @@ class DrainConfig:
             found, _ = from_environ(_OWN, (name for name in _OWN if name not in passed), environ)
         except ConfigError as exc:
             raise reported(exc).with_traceback(None) from None
-        config = cls(budget, **{**found, **passed})
+        # A budget option given as None is not given (Budget.resolve's rule): its variable fills it.
+        in_code = {name for name in _BUDGET if given.get(name) is not None and given[name] is not UNSET}
+        config = cls(budget, **{**found, **passed}, in_code=frozenset(in_code | passed.keys()))
         for problem in budget.problems(admit=config.admit_during_propagation):
             logger.warning("budget: %s", problem)
         logger.debug("budget: %s", budget.describe(admit=config.admit_during_propagation))

@@ -11,37 +11,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
+import errno
 import logging
 import logging.config
 import os
 import signal
+import socket
+import sys
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from types import FrameType
 from typing import Any
 
 import anyio
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
-from uvicorn.importer import ImportFromStringError, import_from_string
 from uvicorn.supervisors.multiprocess import Multiprocess
 
-from .._admin._paths import default_socket_dir, socket_path
-from .._asgi._middleware import GracefulMiddleware
+from .._admin._paths import LONGEST_PID, default_socket_dir, socket_path
 from .._asgi._stop import FIRST, FORCE, HANDLED_SIGNALS, StopSignals
+from .._asgi._types import ASGIApp
 from .._drain._environ import variable
 from .._drain._errors import ConfigError
 from .._drain._state import Drain, core
 from .._drain._status import State
+from ._load import Flag, in_flag_words, load_app, refuse_contradictions
 
-__all__ = ["GracefulServer", "load_app", "serve"]
+__all__ = ["CannotListen", "GracefulServer", "serve"]
 
 logger = logging.getLogger("graceful")
 
 _APP_ENV = "GRACEFUL_RUN_APP"
-_OPTIONS_ENV = "GRACEFUL_RUN_OPTIONS"
 _FORCED_EXIT = 1
 
 
@@ -249,44 +250,10 @@ class _Supervisor(Multiprocess):
         self.should_exit.set()
 
 
-def load_app(target: str, options: dict[str, Any], *, explicit: frozenset[str] = frozenset()) -> GracefulMiddleware:
-    """Import ``module:attr`` and wrap it in :class:`GracefulMiddleware` unless it already is."""
-    try:
-        app = import_from_string(target)
-    except ImportFromStringError as exc:
-        raise ConfigError(f"cannot load app {target!r}: {exc}") from None
-    if not callable(app):
-        raise ConfigError(
-            f"cannot load app {target!r}: it is a {type(app).__name__}, not an ASGI app; point APP at one"
-        )
-    if isinstance(app, GracefulMiddleware):
-        _warn_conflicts(app, options, explicit)
-        return app
-    drain_options = {k: v for k, v in options.items() if k != "socket_dir"}
-    return GracefulMiddleware(app, socket_dir=options.get("socket_dir"), **drain_options)
-
-
-def _warn_conflicts(app: GracefulMiddleware, options: dict[str, Any], explicit: frozenset[str]) -> None:
-    config = app.drain.config
-    # None means "the default", which the launcher points at --socket-dir through the env.
-    socket_dir = app.options.socket_dir if app.options.socket_dir is not None else options.get("socket_dir")
-    current = config.values() | {"socket_dir": socket_dir}
-    for name in sorted(explicit):
-        if name in current and options.get(name) != current[name]:
-            value = options.get(name)
-            flag = name.replace("_", "-")
-            given = (f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value!r}"
-            logger.warning(
-                "the app is already wrapped in GracefulMiddleware with %s=%r; ignoring %s", name, current[name], given
-            )
-
-
-def _worker_app() -> GracefulMiddleware:
-    """App factory for ``--workers N``: each spawned worker loads and wraps the app itself."""
-    options = json.loads(os.environ.get(_OPTIONS_ENV, "{}"))
-    explicit = frozenset(options.pop("_explicit", []))
-    app = load_app(os.environ[_APP_ENV], options, explicit=explicit)
-    core(app.drain).signals_owner = "graceful run --workers"  # the supervisor drains the workers
+def _worker_app() -> ASGIApp:
+    """App factory for ``--workers N``: each spawned worker loads the app itself, its variables inherited."""
+    app, middleware = load_app(os.environ[_APP_ENV])
+    core(middleware.drain).signals_owner = "graceful run --workers"  # the supervisor drains the workers
     return app
 
 
@@ -297,29 +264,82 @@ def _log_config(level: str) -> dict[str, Any]:
     return config
 
 
-def serve(target: str, options: dict[str, Any], explicit: frozenset[str], **config: Any) -> int:
-    """Run ``target`` under uvicorn until drained; return the process exit code."""
+@contextlib.contextmanager
+def _set_for_the_app(flags: Sequence[Flag], app_dir: str | None) -> Generator[None, None, None]:
+    """Each flag's variable (replacing one already set: a flag beats a variable, and the app's code beats
+    both) and ``--app-dir`` first on the import path, as uvicorn's (``graceful run myapp:app`` finds
+    ./myapp.py); both are undone if the app is refused, so that a command embedded in another process
+    leaves it as it was."""
+    saved = {variable(flag.option): os.environ.get(variable(flag.option)) for flag in flags}
+    path = list(sys.path)
+    for flag in flags:
+        os.environ[variable(flag.option)] = flag.text
+    if app_dir is not None:
+        sys.path.insert(0, app_dir)
+    try:
+        yield
+    except BaseException:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        sys.path[:] = path
+        raise
+
+
+class CannotListen(Exception):
+    """The address to listen on cannot be bound (in use, or not this host's): the server cannot start."""
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuse a port that cannot be bound before the app is imported (which may take minutes): one line
+    (:class:`CannotListen`), not uvicorn's error after the app's startup. The listener itself is bound
+    later, before the app's startup (port 0 is any free port: nothing to check)."""
+    if not port:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn tells an IPv6 host
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            fix = "stop what holds it or choose another --port" if exc.errno == errno.EADDRINUSE else "check --host"
+            raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {fix}") from None
+
+
+def serve(target: str, flags: Sequence[Flag] = (), *, app_dir: str | None = None, **config: Any) -> int:
+    """Run ``target`` under uvicorn until drained; return the process exit code.
+
+    Each flag sets its option's variable before the app is imported, so that every GracefulMiddleware
+    and Drain the app builds, at import or at its first call, fills the options its code left unset from
+    it (and ``--workers`` inherit it); a flag that contradicts a value set in code is refused."""
     workers = config.pop("workers", 1)
+    if not config.get("uds"):
+        check_address(config.get("host", "127.0.0.1"), config.get("port", 8000))
     config.setdefault("log_config", _log_config(config.get("log_level", "info")))
-    if options.get("socket_dir"):
-        # Workers, and apps wrapped elsewhere with socket_dir=None, find it here.
-        os.environ[variable("socket_dir")] = options["socket_dir"]
-    if options.get("handoff_streams"):
-        # An app wrapped elsewhere (built from the environment, as examples.server is) reads it here.
-        os.environ[variable("handoff_streams")] = "1"
-    socket_dir = options.get("socket_dir") or default_socket_dir()
-    socket_path(socket_dir, 4194304)  # the longest Linux pid: refuse a long dir before starting
-    app = load_app(target, options, explicit=explicit)
+    with _set_for_the_app(flags, app_dir):
+        try:
+            app, middleware = load_app(target, folder=app_dir)
+            refuse_contradictions(target, middleware, flags)
+        except ConfigError as exc:
+            raise ConfigError(in_flag_words(str(exc), flags)) from None
+        socket_dir = middleware.options.socket_dir or default_socket_dir()
+        socket_path(socket_dir, LONGEST_PID)  # refuse a long dir before starting
+    drain = middleware.drain
     # Only once the options are known good: this replaces the process's logging setup.
     logging.config.dictConfig(config["log_config"])
-    logger.info("budget: %s", app.drain.budget.describe(admit=app.drain.config.admit_during_propagation))
+    logger.info("budget: %s", drain.budget.describe(admit=drain.config.admit_during_propagation))
     if workers > 1:
         os.environ[_APP_ENV] = target
-        os.environ[_OPTIONS_ENV] = json.dumps({**options, "_explicit": sorted(explicit)})
         uconfig = uvicorn.Config("graceful._serve._server:_worker_app", factory=True, workers=workers, **config)
         supervisor = _Supervisor(uconfig, [uconfig.bind_socket()], socket_dir)
         supervisor.run()
         return _FORCED_EXIT if supervisor.forced_exits else 0
-    server = GracefulServer(uvicorn.Config(app, **config), app.drain)
-    server.run()
+    uconfig = uvicorn.Config(app, **config)
+    # The port is bound before the app's startup, as the supervisor binds it: one in use ends the run here
+    # (uvicorn's one line, exit 3), not after the startup, whose lifespan uvicorn's exit would then cut.
+    sockets = None if uconfig.uds else [uconfig.bind_socket()]
+    server = GracefulServer(uconfig, drain)
+    server.run(sockets=sockets)
     return _FORCED_EXIT if server.forced_exits else 0

@@ -248,12 +248,15 @@ def test_a_repeat_within_the_window_is_the_same_stop(workers: int, launch: Calla
     assert "second signal" not in server.log
 
 
-def test_already_wrapped_app_warns_on_conflicting_options(launch: Callable[..., Launched]) -> None:
-    server = launch("--propagation-wait", "3s", app="tests.apps.streaming:wrapped")
-    server.wait_ready()
-    server.process.send_signal(signal.SIGTERM)
-    assert server.wait_exit(5) == 0  # the app's own propagation_wait=0 applies, not 3 s
-    assert "ignoring --propagation-wait 3.0" in server.log
+def test_a_flag_that_contradicts_the_wrapped_app_is_refused() -> None:
+    """The app set propagation_wait=0 in code; --propagation-wait 3s would be ignored: exit 2 at start, one
+    line naming both (issue 51: never a warning followed by the code's value)."""
+    result = graceful_cli("run", "tests.apps.streaming:wrapped", "--port", "0", "--propagation-wait", "3s")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "graceful run: --propagation-wait 3s contradicts propagation_wait=0 set in code for "
+        "tests.apps.streaming:wrapped; drop the flag or the code's value"
+    ]
 
 
 def test_plain_uvicorn_gets_the_prestop_path(launch: Callable[..., Launched]) -> None:
@@ -492,17 +495,19 @@ def test_app_that_is_not_callable_exits_2(socket_dir: str) -> None:
     assert "tests.apps.streaming:not_an_app" in err
 
 
-def test_wrapped_app_warns_naming_each_conflicting_option(launch: Callable[..., Launched]) -> None:
-    """Options the wrapped app already fixed are named one per line; agreeing ones are not."""
+def test_flags_fill_what_the_wrapped_app_left_unset(launch: Callable[..., Launched]) -> None:
+    """The app set grace_period=6, reserve=1 and propagation_wait=0 in code: --grace-period 6 and --reserve 1
+    (the fixture's) agree with it, and --drain-timeout and --no-admit-during-propagation, which its code
+    leaves unset, are in force (graceful status), not ignored."""
     server = launch("--drain-timeout", "3s", "--no-admit-during-propagation", app="tests.apps.streaming:wrapped")
     server.wait_ready()
+    (row,) = json.loads(graceful_cli("status", "--json", "--socket-dir", server.socket_dir).stdout)
+    budget = row["budget"]
+    assert (budget["grace_period"], budget["reserve"], budget["propagation_wait"]) == (6.0, 1.0, 0.0)
+    assert (budget["drain_timeout"], budget["admit_during_propagation"]) == (3.0, False)
     server.process.send_signal(signal.SIGTERM)
     assert server.wait_exit(5) == 0
-    log = server.log
-    assert "GracefulMiddleware with drain_timeout=None; ignoring --drain-timeout 3.0" in log
-    assert "with admit_during_propagation=True; ignoring --no-admit-during-propagation" in log
-    # --grace-period 6 and --reserve 1 agree with the wrapped app's own values.
-    assert "ignoring --grace-period" not in log and "ignoring --reserve" not in log
+    assert "ignoring" not in server.log and "contradicts" not in server.log
 
 
 def test_graceful_server_runs_off_the_main_thread(registry: CollectorRegistry) -> None:
