@@ -294,8 +294,8 @@ class CannotListen(Exception):
 
 def check_address(host: str, port: int) -> None:
     """Refuse a port that cannot be bound before the app is imported (which may take minutes): one line
-    (:class:`CannotListen`), not uvicorn's error after the app's startup. The listener itself is bound
-    later, before the app's startup (port 0 is any free port: nothing to check)."""
+    (:class:`CannotListen`), not uvicorn's error after the app's startup, whose lifespan uvicorn's exit would
+    cut. uvicorn binds the listener itself after the startup (port 0 is any free port: nothing to check)."""
     if not port:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn tells an IPv6 host
@@ -336,10 +336,9 @@ def serve(target: str, flags: Sequence[Flag] = (), *, app_dir: str | None = None
         supervisor = _Supervisor(uconfig, [uconfig.bind_socket()], socket_dir)
         supervisor.run()
         return _FORCED_EXIT if supervisor.forced_exits else 0
-    uconfig = uvicorn.Config(app, **config)
-    # The port is bound before the app's startup, as the supervisor binds it: one in use ends the run here
-    # (uvicorn's one line, exit 3), not after the startup, whose lifespan uvicorn's exit would then cut.
-    sockets = None if uconfig.uds else [uconfig.bind_socket()]
-    server = GracefulServer(uconfig, drain)
-    server.run(sockets=sockets)
+    # uvicorn binds and listens after the app's startup, and only then says "running on": a client (or a
+    # test) that waits for that line finds the port accepting. A port in use was refused above, before the
+    # import (check_address).
+    server = GracefulServer(uvicorn.Config(app, **config), drain)
+    server.run()
     return _FORCED_EXIT if server.forced_exits else 0

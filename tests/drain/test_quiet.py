@@ -374,7 +374,7 @@ def test_cli_refuses_quiet_longer_than_the_wait_before_draining(served: Any) -> 
         cli, ["drain", "--socket-dir", served.socket_dir, "--propagation-wait", "1s", "--propagation-quiet", "5s"]
     )
     assert result.exit_code == 2, result.output
-    assert "propagation_quiet 5s is longer than propagation_wait 1s" in result.stderr
+    assert "--propagation-quiet 5s is longer than --propagation-wait 1s" in result.stderr
     assert served.mw.drain.state is State.SERVING
 
 
