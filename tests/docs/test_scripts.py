@@ -124,13 +124,22 @@ def test_the_quick_start_runs_the_demo_and_the_suite(clone: Clone) -> None:
 
     calls = clone.run(suite)
     assert calls[0] == ["setup-tests"]
-    assert python_calls(calls, "-m", "coverage") == [["run", "-m", "pytest"], ["combine", "-q"], ["report"]]
+    runs = python_calls(calls, "-m", "coverage", "run", "-m", "pytest")
+    assert sorted(runs) == sorted(LANES), runs
+    assert python_calls(calls, "-m", "coverage")[-2:] == [["combine", "-q"], ["report"]]
+    for args in runs:
+        pytest_accepts(args)
+
+
+# scripts/test without arguments: two pytest runs at once, the vllm tier beside every other tier on three
+# workers (docs/testing.md, "Tiers").
+LANES = [["-m", "vllm", "-p", "no:cacheprovider"], ["-m", "not vllm", "-n", "3", "--dist", "loadfile"]]
 
 
 def test_the_suite_takes_pytests_arguments(clone: Clone) -> None:
     """docs/testing.md, "Running the suite": arguments after ``bash scripts/test`` go to pytest."""
     plain, narrowed = lines(RUN_SUITE)
-    assert python_calls(clone.run(plain), "-m", "coverage", "run", "-m", "pytest") == [[]]
+    assert sorted(python_calls(clone.run(plain), "-m", "coverage", "run", "-m", "pytest")) == sorted(LANES)
     (args,) = python_calls(clone.run(narrowed), "-m", "coverage", "run", "-m", "pytest")
     assert args == ["-x", "-k", "run"]
     pytest_accepts(args)
@@ -194,4 +203,4 @@ def test_the_suite_under_load_runs_it_three_times_beside_a_hog(clone: Clone) -> 
     assert [call for call in calls if call[0] == "stress-ng"] == [
         ["stress-ng", "--cpu", "4", "--quiet", "--timeout", "6h"]
     ]
-    assert python_calls(calls, "-m", "coverage", "run", "-m", "pytest") == [[], [], []]
+    assert sorted(python_calls(calls, "-m", "coverage", "run", "-m", "pytest")) == sorted(LANES * 3)
