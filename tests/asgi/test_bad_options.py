@@ -154,7 +154,13 @@ IN_CODE: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("options", "message"), IN_CODE, ids=[repr(options) for options, _ in IN_CODE])
+def shown(options: dict[str, Any]) -> str:
+    """A test id that is the same in every process (pytest-xdist's workers must collect the same ids): a
+    function by its name, not its address."""
+    return repr({name: getattr(value, "__name__", value) for name, value in options.items()})
+
+
+@pytest.mark.parametrize(("options", "message"), IN_CODE, ids=[shown(options) for options, _ in IN_CODE])
 def test_a_bad_option_is_refused_when_built(options: dict[str, Any], message: str, a_file: str) -> None:
     long = "/tmp/" + "d" * MAX_PATH
     options = {
