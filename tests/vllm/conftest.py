@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -140,6 +141,47 @@ def start_vllm(model_dir: str, socket_dir: str, tmp_path: Path) -> Iterator[Call
     yield start
     for server in started:
         server.stop()
+
+
+# The documented recipe's variables (docs/vllm.md): exempt from refusal the kubelet's and the engine
+# hook's reads of vLLM's own pages.
+SHARED_RECIPE = {"GRACEFUL_EXEMPT_PATHS": "/health,/metrics", "GRACEFUL_GRACE_PERIOD": "60"}
+
+
+@pytest.fixture(scope="session")
+def shared_replica(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """Replica B, started once for the whole vllm tier: the reference that answers uncut, the replica a
+    stream continues on, and the one the tests of test_vllm.py drain and resume. The recipe's
+    environment, and --enable-scale-out for vLLM's abort endpoint. A test that kills an engine core,
+    SIGTERMs the server or needs its own variables starts a replica of its own (``start_vllm``)."""
+    socket_dir = "/tmp/" + os.urandom(4).hex()
+    os.mkdir(socket_dir, 0o700)
+    log = tmp_path_factory.mktemp("vllm") / "log"
+    server = VllmServer(model_dir, ("--enable-scale-out",), socket_dir, log, SHARED_RECIPE)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        for leftover in server.sockets():
+            os.unlink(leftover)
+        os.rmdir(socket_dir)
+
+
+@pytest.fixture
+def replica(shared_replica: VllmServer) -> VllmServer:
+    """Replica B, serving: a drain an earlier test left behind (one that failed before its own resume) is
+    resumed first, so that no test depends on how the one before it ended."""
+    ready = shared_replica.url("/ready")
+    if httpx.get(ready, timeout=10).status_code != 200:
+        resume = [sys.executable, "-m", "graceful", "resume", "--socket-dir", shared_replica.socket_dir]
+        done = subprocess.run(resume, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        deadline = time.monotonic() + 30
+        while httpx.get(ready, timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "replica B did not serve again within 30 s of graceful resume"
+            time.sleep(0.2)
+    return shared_replica
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any] | str]:

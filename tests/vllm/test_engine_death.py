@@ -35,7 +35,6 @@ from tests.vllm.test_vllm import (
     first_503,
     graceful_cli,
     path,
-    replica,  # noqa: F401 (the shared replica B, a fixture)
     token_stream,
 )
 
@@ -73,7 +72,7 @@ def a_status(server: VllmServer) -> dict[str, Any]:
 @pytest.mark.anyio
 @pytest.mark.skipif(find_haproxy() is None, reason="HAProxy is not installed (bash scripts/setup-tests installs it)")
 async def test_every_resumed_caller_of_a_dead_engine_gets_its_answer_behind_haproxy(
-    replica: VllmServer,  # noqa: F811
+    replica: VllmServer,
     start_vllm: Callable[..., VllmServer],
 ) -> None:
     """1. replica B (the shared one) streams the answer alone: the reference token ids

@@ -37,7 +37,6 @@ from tests.vllm.test_vllm import (
     RECIPE,
     engine_core,
     graceful_cli,
-    replica,  # noqa: F401 (the shared replica B, a fixture)
     status_of,
     token_stream,
     tokens_for,
@@ -75,7 +74,7 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(replica: VllmServer) -> Reference:  # noqa: F811
+def reference(replica: VllmServer) -> Reference:
     """The caller's request, sent to B alone. Sized to run at least 12 s by the faster of two measurements:
     the cuts come 1 to 3 s after LiteLLM's first chunk, which a busy machine delays, and a rate measured
     while it is busy sizes a stream that a machine no longer busy ends first."""
@@ -191,7 +190,7 @@ def check(answer: Answer, reference: Reference, proxy: LiteLLMProxy) -> None:
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_stream_whose_engine_died_reaches_the_caller_whole_through_litellm(
-    replica: VllmServer,  # noqa: F811
+    replica: VllmServer,
     reference: Reference,
     start_vllm: Callable[..., VllmServer],
     tmp_path: Path,
@@ -222,7 +221,7 @@ async def test_a_stream_whose_engine_died_reaches_the_caller_whole_through_litel
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_stream_handed_off_at_the_drain_reaches_the_caller_whole_through_litellm(
-    replica: VllmServer,  # noqa: F811
+    replica: VllmServer,
     reference: Reference,
     handing_off: VllmServer,
     tmp_path: Path,

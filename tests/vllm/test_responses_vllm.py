@@ -28,7 +28,6 @@ from tests.vllm.test_vllm import (
     Router,
     engine_core,
     graceful_cli,
-    replica,  # noqa: F401 (the shared replica B, a fixture)
     tokens_for,
 )
 
@@ -137,7 +136,7 @@ def drain_and_resume(server: VllmServer) -> None:
 
 @pytest.mark.parametrize("how", ["create", "stream"])
 def test_a_responses_stream_handed_off_is_read_as_one_response(
-    replica: VllmServer,  # noqa: F811
+    replica: VllmServer,
     start_vllm: Callable[..., VllmServer],
     how: str,
 ) -> None:
@@ -160,7 +159,7 @@ def test_a_responses_stream_handed_off_is_read_as_one_response(
 
 @pytest.mark.parametrize("how", ["create", "stream"])
 def test_a_responses_stream_whose_engine_died_is_read_as_one_response(
-    replica: VllmServer,  # noqa: F811
+    replica: VllmServer,
     start_vllm: Callable[..., VllmServer],
     how: str,
 ) -> None:
@@ -214,7 +213,7 @@ def test_without_the_transport_a_responses_stream_cut_at_the_deadline_makes_the_
     reason="a measurement (docs/resume.md records it): GRACEFUL_MEASURE_EXACTNESS=1 pytest -s runs it",
 )
 def test_how_often_a_continued_responses_answer_equals_the_uncut_one(
-    replica: VllmServer,  # noqa: F811
+    replica: VllmServer,
     start_vllm: Callable[..., VllmServer],
 ) -> None:
     """For each of 5 prompts: the uncut answer on B, then the same request cut on A by a handoff after a

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +31,13 @@ from graceful._engine._histogram import read_histogram
 from tests.docs.commands import read
 from tests.docs.shown import unmatched
 from tests.utils import ROOT
-from tests.vllm.conftest import VllmServer, sse_events
+from tests.vllm.conftest import SHARED_RECIPE, VllmServer, sse_events
 
 pytestmark = pytest.mark.timeout(600)
 
 PROMPT = "hello world, the server drains"
 # Exempt from refusal, as the recipe says: the kubelet's and the engine hook's reads of vLLM's own pages.
-RECIPE = {"GRACEFUL_EXEMPT_PATHS": "/health,/metrics", "GRACEFUL_GRACE_PERIOD": "60"}
+RECIPE = SHARED_RECIPE
 
 
 def graceful_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -143,23 +143,6 @@ def new_request(server: VllmServer) -> httpx.Response:
         server.url("/v1/completions"),
         json={"model": server.model, "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
     )
-
-
-@pytest.fixture(scope="module")
-def replica(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """One vLLM for the tests that resume it after their drain: the recipe's environment, and
-    --enable-scale-out for vLLM's abort endpoint."""
-    socket_dir = "/tmp/" + os.urandom(4).hex()
-    os.mkdir(socket_dir, 0o700)
-    server = VllmServer(model_dir, ("--enable-scale-out",), socket_dir, tmp_path_factory.mktemp("vllm") / "log", RECIPE)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-        for leftover in server.sockets():
-            os.unlink(leftover)
-        os.rmdir(socket_dir)
 
 
 def test_probes_and_a_prestop_drain_with_streams_in_flight(replica: VllmServer) -> None:
