@@ -78,7 +78,12 @@ def clone(tmp_path: Path) -> Clone:
     for name in SET_UP:
         (root / "scripts" / name).write_text(RECORDER.format(name=name, then=""))
     calls = tmp_path / "calls"
-    env = {key: value for key, value in os.environ.items() if key not in {"VIRTUAL_ENV", "PYTHON"}}
+    # Not what a CI run exports for its own scripts/test (.ci/run's second lane and its bash function).
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"VIRTUAL_ENV", "PYTHON", "GRACEFUL_BESIDE_VLLM"} and not key.startswith("BASH_FUNC_")
+    }
     env.update(PATH=f"{tools}{os.pathsep}{env['PATH']}", PYTHON=str(tools / "python"), CALLS=str(calls))
     return Clone(root, env, calls)
 
