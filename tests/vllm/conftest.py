@@ -168,20 +168,26 @@ def shared_replica(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> 
         os.rmdir(socket_dir)
 
 
-@pytest.fixture
-def replica(shared_replica: VllmServer) -> VllmServer:
-    """Replica B, serving: a drain an earlier test left behind (one that failed before its own resume) is
+def serving(server: VllmServer) -> VllmServer:
+    """``server``, serving: a drain an earlier test left behind (one that failed before its own resume) is
     resumed first, so that no test depends on how the one before it ended."""
-    ready = shared_replica.url("/ready")
+    ready = server.url("/ready")
     if httpx.get(ready, timeout=10).status_code != 200:
-        resume = [sys.executable, "-m", "graceful", "resume", "--socket-dir", shared_replica.socket_dir]
+        resume = [sys.executable, "-m", "graceful", "resume", "--socket-dir", server.socket_dir]
         done = subprocess.run(resume, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         deadline = time.monotonic() + 30
         while httpx.get(ready, timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, "replica B did not serve again within 30 s of graceful resume"
+            assert time.monotonic() < deadline, "the replica did not serve again within 30 s of graceful resume"
             time.sleep(0.2)
-    return shared_replica
+    return server
+
+
+@pytest.fixture
+def replica(shared_replica: VllmServer) -> VllmServer:
+    """Replica B, serving (``serving``). A fixture of a wider scope takes ``shared_replica`` and calls
+    ``serving`` itself."""
+    return serving(shared_replica)
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any] | str]:

@@ -32,7 +32,7 @@ import pytest
 from examples.rollout.balancer import HAProxy, open_balancer
 from examples.rollout.haproxy import find_haproxy
 from tests.litellm.proxy import Answer, Caller, LiteLLMProxy, deployment, needs_litellm, request_body, write_config
-from tests.vllm.conftest import VllmServer
+from tests.vllm.conftest import VllmServer, serving
 from tests.vllm.test_vllm import (
     RECIPE,
     engine_core,
@@ -74,10 +74,11 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(replica: VllmServer) -> Reference:
+def reference(shared_replica: VllmServer) -> Reference:
     """The caller's request, sent to B alone. Sized to run at least 12 s by the faster of two measurements:
     the cuts come 1 to 3 s after LiteLLM's first chunk, which a busy machine delays, and a rate measured
     while it is busy sizes a stream that a machine no longer busy ends first."""
+    replica = serving(shared_replica)
     tokens = max(tokens_for(replica, 12) for _ in range(2))
     print(f"{tokens} tokens")
     with httpx.Client(timeout=120) as plain:
