@@ -79,6 +79,7 @@ def test_idle_return(capsys: pytest.CaptureFixture[str]) -> None:
     assert "`graceful run` exits after SIGTERM | 1 |" in out
 
 
+@pytest.mark.every_core  # scripts/test runs it in the lane that is not held to one core
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="e2e pins the server and wrk to 2 CPUs")
 def test_e2e(capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,6 +98,7 @@ def test_e2e_interval() -> None:
     assert e2e.median_interval([float(i) for i in range(20, 0, -1)]) == (6.0, 15.0)
 
 
+@pytest.mark.every_core
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="e2e_profile pins the server and its client to 2 CPUs")
 def test_e2e_profile_without_callgrind(capsys: pytest.CaptureFixture[str]) -> None:
     """The profile and the timed collector run in seconds; the callgrind counts need valgrind and minutes."""
