@@ -79,7 +79,7 @@ def test_idle_return(capsys: pytest.CaptureFixture[str]) -> None:
     assert "`graceful run` exits after SIGTERM | 1 |" in out
 
 
-@pytest.mark.every_core  # scripts/test runs it in the lane that is not held to one core
+@pytest.mark.every_core  # scripts/test runs it with the vllm tier, not beside xdist's workers
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="e2e pins the server and wrk to 2 CPUs")
 def test_e2e(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,9 +29,9 @@ MARKERS = (
     "servers: real servers, the console script and balancers as processes (tests/tiers.py)",
     "gateways: a real LiteLLM proxy and Node callers (tests/tiers.py)",
     "vllm: a real vLLM on the CPU (tests/tiers.py)",
-    # Not a tier: a test that pins its processes to two CPUs. scripts/test runs it in the lane that is not
-    # held to one core.
-    "every_core: needs two CPUs of its own; scripts/test runs it in the vllm lane (tests/tiers.py)",
+    # Not a tier: a test that pins its processes to two CPUs, which pytest-xdist's busy workers would skew.
+    # scripts/test runs it with the vllm tier, alone.
+    "every_core: needs two CPUs of its own; scripts/test runs it with the vllm tier (tests/tiers.py)",
 )
 
 # A folder, a file or a test (relative to the repository root) whose every test is in one tier. Or mark a

@@ -82,7 +82,7 @@ def clone(tmp_path: Path) -> Clone:
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in {"VIRTUAL_ENV", "PYTHON", "GRACEFUL_BESIDE_VLLM"} and not key.startswith("BASH_FUNC_")
+        if key not in {"VIRTUAL_ENV", "PYTHON", "GRACEFUL_BEFORE_VLLM"} and not key.startswith("BASH_FUNC_")
     }
     env.update(PATH=f"{tools}{os.pathsep}{env['PATH']}", PYTHON=str(tools / "python"), CALLS=str(calls))
     return Clone(root, env, calls)
@@ -136,10 +136,9 @@ def test_the_quick_start_runs_the_demo_and_the_suite(clone: Clone) -> None:
         pytest_accepts(args)
 
 
-# scripts/test without arguments: two pytest runs at once, the vllm and gateways tiers beside the others on
-# three workers (docs/testing.md, "Tiers").
-FIRST = "vllm or gateways or every_core"
-LANES = [["-m", FIRST, "-p", "no:cacheprovider"], ["-m", f"not ({FIRST})", "-n", "3", "--dist", "loadfile"]]
+# scripts/test without arguments: the tiers other than vllm on three workers, then the vllm tier alone
+# (docs/testing.md, "Tiers").
+LANES = [["-m", "not (vllm or every_core)", "-n", "3", "--dist", "loadfile"], ["-m", "vllm or every_core"]]
 
 
 def test_the_suite_takes_pytests_arguments(clone: Clone) -> None:
