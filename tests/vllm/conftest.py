@@ -13,6 +13,7 @@ variables, its log lines shown through ``VLLM_LOGGING_CONFIG_PATH=examples/vllm/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -154,10 +155,18 @@ def shared_replica(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> 
     stream continues on, and the one the tests of test_vllm.py drain and resume. The recipe's
     environment, and --enable-scale-out for vLLM's abort endpoint. A test that kills an engine core,
     SIGTERMs the server or needs its own variables starts a replica of its own (``start_vllm``)."""
+    log = tmp_path_factory.mktemp("vllm") / "log"
+    with long_lived(model_dir, ("--enable-scale-out",), log, SHARED_RECIPE) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def long_lived(model_dir: str, args: tuple[str, ...], log: Path, env: dict[str, str]) -> Iterator[VllmServer]:
+    """A vLLM for fixtures wider than a test, ready, in a short socket directory of its own; stopped and
+    its directory removed at the end."""
     socket_dir = "/tmp/" + os.urandom(4).hex()
     os.mkdir(socket_dir, 0o700)
-    log = tmp_path_factory.mktemp("vllm") / "log"
-    server = VllmServer(model_dir, ("--enable-scale-out",), socket_dir, log, SHARED_RECIPE)
+    server = VllmServer(model_dir, args, socket_dir, log, env)
     try:
         server.wait_ready()
         yield server

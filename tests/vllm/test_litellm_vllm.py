@@ -32,7 +32,7 @@ import pytest
 from examples.rollout.balancer import HAProxy, open_balancer
 from examples.rollout.haproxy import find_haproxy
 from tests.litellm.proxy import Answer, Caller, LiteLLMProxy, deployment, needs_litellm, request_body, write_config
-from tests.vllm.conftest import VllmServer, serving
+from tests.vllm.conftest import VllmServer, long_lived, serving
 from tests.vllm.test_vllm import (
     RECIPE,
     engine_core,
@@ -93,18 +93,9 @@ def reference(shared_replica: VllmServer) -> Reference:
 @pytest.fixture(scope="module")
 def handoff_replica(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """Replica A of the handoff tests: the recipe's environment and GRACEFUL_HANDOFF_STREAMS=1."""
-    socket_dir = "/tmp/" + os.urandom(4).hex()
-    os.mkdir(socket_dir, 0o700)
     log = tmp_path_factory.mktemp("vllm-a") / "log"
-    server = VllmServer(model_dir, (), socket_dir, log, {**RECIPE, "GRACEFUL_HANDOFF_STREAMS": "1"})
-    try:
-        server.wait_ready()
+    with long_lived(model_dir, (), log, {**RECIPE, "GRACEFUL_HANDOFF_STREAMS": "1"}) as server:
         yield server
-    finally:
-        server.stop()
-        for leftover in server.sockets():
-            os.unlink(leftover)
-        os.rmdir(socket_dir)
 
 
 @pytest.fixture
