@@ -5,20 +5,24 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import anyio
 import httpx
+import openai
 import pytest
 from asgi_lifespan import LifespanManager
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+import graceful
 from examples.server import ENV, Config, ExampleServer, create_app
 from examples.server.__main__ import cli
 from graceful import ConfigError, State
+from tests.resume_utils import replica, service
 from tests.utils import run_uvicorn
 
 pytestmark = pytest.mark.anyio
@@ -355,3 +359,171 @@ def test_drain_command_is_embedded() -> None:
     result = CliRunner().invoke(cli, ["drain", "--help"])
     assert result.exit_code == 0
     assert "--propagation-wait" in result.output
+
+
+# -- the Responses API, in vLLM's framing (examples/server/_responses.py names the vLLM files) ------------
+
+
+def responses_events(body: str) -> list[tuple[str, dict[str, Any]]]:
+    """Each ``event: <type>`` / ``data: <json>`` pair of a Responses stream."""
+    pairs = []
+    for block in body.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
+        if "event" in lines:
+            pairs.append((lines["event"], json.loads(lines["data"])))
+    return pairs
+
+
+RESPONSES_OPENING = ["response.created", "response.in_progress", "response.output_item.added"]
+RESPONSES_CLOSING = [
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+
+
+async def test_responses_stream_in_vllms_framing(registry: CollectorRegistry) -> None:
+    """A streamed Responses answer: vLLM's events in vLLM's order, one delta per token, one run of sequence
+    numbers from 0, and ``response.completed`` with the whole text, the usage and status ``incomplete`` (it
+    ended at ``max_output_tokens``, as every answer of the example's "model" does)."""
+    app = make(registry)
+    payload = {"model": "m", "input": "Count for me please", "max_output_tokens": 4, "stream": True}
+    async with client(app) as http:
+        response = await http.post("/v1/responses", json=payload)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = responses_events(response.text)
+    kinds = [kind for kind, _ in events]
+    assert kinds == [*RESPONSES_OPENING, "response.content_part.added", *["response.output_text.delta"] * 4,
+                     *RESPONSES_CLOSING]  # fmt: skip
+    assert all(data["type"] == kind for kind, data in events)
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert "".join(data["delta"] for kind, data in events if kind.endswith(".delta")) == "tok0 tok1 tok2 tok3"
+    created, completed = events[0][1]["response"], events[-1][1]["response"]
+    assert created["id"] == completed["id"] and created["id"].startswith("resp_") and created["status"] == "in_progress"
+    assert completed["status"] == "incomplete" and completed["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert completed["output"][0]["content"][0]["text"] == "tok0 tok1 tok2 tok3"
+    usage = completed["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == (4, 4, 8)
+    item = {data["item"]["id"] for kind, data in events if "item" in data}
+    assert item == {data["item_id"] for _, data in events if "item_id" in data} and len(item) == 1
+
+
+async def test_responses_not_streamed_and_continued(registry: CollectorRegistry) -> None:
+    """The response as one JSON object; an assistant message last in ``input`` whose status is ``incomplete``
+    is continued (vLLM's continue_final_message), and ``request_id`` names the response."""
+    app = make(registry)
+    carried = [
+        {"role": "user", "content": "Count for me please"},
+        {"type": "message", "role": "assistant", "status": "incomplete",
+         "content": [{"type": "output_text", "text": "tok0 tok1"}]},
+    ]  # fmt: skip
+    async with client(app) as http:
+        whole = await http.post("/v1/responses", json={"model": "m", "input": "Count for me please"})
+        continued = await http.post(
+            "/v1/responses", json={"model": "m", "input": carried, "max_output_tokens": 2, "request_id": "resp_x"}
+        )
+        refused = await http.post("/v1/responses", json={"model": "m", "input": "x", "previous_response_id": "r"})
+        bad = await http.post("/v1/responses", json={"model": "m", "input": [{"type": "function_call"}]})
+    body = whole.json()
+    assert body["object"] == "response" and body["status"] == "incomplete"
+    assert body["output"][0]["content"][0]["text"] == expected_tokens(FAST.default_max_tokens)
+    assert body["usage"]["input_tokens"] == 4 and body["usage"]["output_tokens"] == FAST.default_max_tokens
+    answer = continued.json()
+    assert answer["id"] == "resp_x" and answer["output"][0]["content"][0]["text"] == " tok2 tok3"
+    assert answer["usage"]["input_tokens"] == 4 + 2
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "previous_response_id"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[0]"
+
+
+def expected_tokens(count: int) -> str:
+    return " ".join(f"tok{i}" for i in range(count))
+
+
+RESPONSES_TOKENS = 120  # 3 s at 40 tokens per second: still running when the drain hands it off
+
+
+@dataclass
+class ReadResponse:
+    """What one openai SDK caller read of a Responses stream."""
+
+    ids: set[str] = field(default_factory=set)
+    sequence: list[int] = field(default_factory=list)
+    text: str = ""
+    final: dict[str, Any] = field(default_factory=dict)
+    resumes: int = -1  # graceful_resumes, where the SDK shows the response
+
+    def take(self, event: Any) -> None:
+        self.sequence.append(event.sequence_number)
+        if event.type in ("response.created", "response.completed"):
+            self.ids.add(event.response.id)
+        if event.type == "response.output_text.delta":
+            self.text += event.delta
+        if event.type == "response.completed":
+            self.final = event.response.model_dump()
+
+
+async def read_responses(url: str, how: str, seen: ReadResponse, reading: anyio.Event) -> None:
+    """One Responses answer through the openai SDK over graceful's resuming transport: ``create`` is
+    ``responses.create(stream=True)``, ``stream`` the ``responses.stream()`` helper."""
+    http = httpx.AsyncClient(transport=graceful.AsyncResumingTransport(), timeout=30)
+    sdk = openai.AsyncOpenAI(base_url=url, api_key="unused", http_client=http, max_retries=0)
+    request = {"model": "graceful-example", "input": "Count for me please", "max_output_tokens": RESPONSES_TOKENS}
+    async with sdk:
+        if how == "create":
+            stream = await sdk.responses.create(**request, stream=True)
+            async with stream:
+                async for event in stream:
+                    seen.take(event)
+                    if len(seen.sequence) == 8:
+                        reading.set()
+                seen.resumes = stream.response.extensions["graceful_resumes"]
+        else:
+            async with sdk.responses.stream(**request) as helper:
+                async for event in helper:
+                    seen.take(event)
+                    if len(seen.sequence) == 8:
+                        reading.set()
+                whole = await helper.get_final_response()
+            assert whole.output_text == seen.text
+
+
+def same_answer(read: ReadResponse, uncut: ReadResponse) -> None:
+    """One response: one id, one run of sequence numbers from 0, the deltas and response.completed with the
+    uncut run's whole text and usage."""
+    assert len(read.ids) == 1, read.ids
+    assert read.sequence == list(range(len(uncut.sequence))), read.sequence
+    assert read.text == uncut.text == expected_tokens(RESPONSES_TOKENS)
+    [message] = read.final["output"]
+    assert message["content"][0]["text"] == uncut.text and message["id"] != ""
+    usage = ("input_tokens", "output_tokens", "total_tokens")
+    assert {name: read.final["usage"][name] for name in usage} == {name: uncut.final["usage"][name] for name in usage}
+    assert read.final["status"] == uncut.final["status"] == "incomplete"
+
+
+async def test_responses_through_the_openai_sdk_continue_across_a_drain() -> None:
+    """1. replica A alone behind the balancer; the openai SDK (``responses.create(stream=True)`` and
+    ``responses.stream()``, over AsyncResumingTransport) streams one Responses answer each from it
+    2. B joins; A drains with handoff_streams (propagation wait 0): it ends both streams with the Responses
+    error event graceful sends, resumable  3. the transport continues each on B
+    4. each caller read one response equal to an uncut run on B: one id, one run of sequence numbers,
+    response.completed with the whole text and usage; A's drain ended within 4 s"""
+    async with replica("a", handoff_streams=True) as a, replica("b") as b, service(a) as balancer:
+        url = f"http://127.0.0.1:{balancer.port}/v1"
+        uncut = ReadResponse()
+        await read_responses(f"http://127.0.0.1:{b.port}/v1", "create", uncut, anyio.Event())
+        seen = {how: ReadResponse() for how in ("create", "stream")}
+        reading = {how: anyio.Event() for how in seen}
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for how in seen:
+                    tg.start_soon(read_responses, url, how, seen[how], reading[how])
+                for event in reading.values():
+                    await event.wait()
+                await balancer.add(b.name, b.port)
+                result = await a.app.drain.drain(reason="rollout", propagation_wait=0)
+    assert result.drained and result.handed_off == 2 and result.duration < 4
+    for read in seen.values():
+        same_answer(read, uncut)
+    assert seen["create"].resumes == 1  # the helper hides the response, and its count, from its caller
+    assert b.app.drain.counters()["requests"]["completed"] == 3

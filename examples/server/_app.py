@@ -21,7 +21,8 @@ from graceful import ConfigError, GracefulMiddleware
 from ._config import DRAIN_ENV, Config, drain_options_from_env, served_by
 from ._engine import Engine, EngineCollector, QueueFull, Ticket, selftest_loop
 from ._idempotency import IdempotencyStore, Stored
-from ._openai import DONE, Invalid, Job, Kind, chunk, error_body, full_body, parse, usage_chunk
+from ._openai import Frames, Invalid, Kind, error_body, parse
+from ._responses import ResponsesFrames, parse_responses
 
 __all__ = ["EXECUTIONS_PATH", "ExampleServer", "create_app"]
 
@@ -99,6 +100,7 @@ def create_app(
         routes=[
             Route("/v1/completions", handlers.completions, methods=["POST"]),
             Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
+            Route("/v1/responses", handlers.responses, methods=["POST"]),
             Route("/v1/models", handlers.models, methods=["GET"]),
             Route(EXECUTIONS_PATH, handlers.executions, methods=["GET"]),
         ],
@@ -139,18 +141,21 @@ class _Handlers:
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, "chat")
 
+    async def responses(self, request: Request) -> Response:
+        return await self._generate(request, "responses")
+
     async def _generate(self, request: Request, kind: Kind) -> Response:
         config = self.config
+        limits = {"default_max_tokens": config.default_max_tokens, "max_tokens": config.max_tokens}
         try:
-            job = parse(
-                await request.body(),
-                kind,
-                default_max_tokens=config.default_max_tokens,
-                max_tokens=config.max_tokens,
-                word=config.token_word,
-            )
+            raw = await request.body()
+            if kind == "responses":
+                job = parse_responses(raw, **limits, word=config.token_word)
+            else:
+                job = parse(raw, kind, **limits, word=config.token_word)
         except Invalid as exc:
             return _error(400, str(exc), "invalid_request_error", exc.param)
+        frames = ResponsesFrames(job, config.model) if kind == "responses" else Frames(job, config.model)
         key = request.headers.get("idempotency-key")
         if key is not None:
             stored = self.store.lookup(key)
@@ -169,7 +174,7 @@ class _Handlers:
         if key is not None:
             self.store.start(key)
         if job.stream:
-            return _Stream(self, job, ticket, key)
+            return _Stream(self, frames, ticket, key)
         done = False
         try:
             async with ticket:
@@ -180,14 +185,15 @@ class _Handlers:
             ticket.release()
             if key is not None and not done:
                 self.store.abandon(key)
-        body = full_body(job, config.model)
+        body = frames.body()
         if key is not None:
             self.store.finish(key, Stored(200, "application/json", [body]))
         return Response(body, media_type="application/json")
 
 
 class _Stream(Response):
-    """SSE, one event per token then ``[DONE]``; the slot and the key are settled however it ends.
+    """SSE: the opening events, one event per token, the closing ones (``[DONE]`` for chat and
+    completions, ``response.completed`` for Responses); the slot and the key are settled however it ends.
 
     Starlette's StreamingResponse never runs a generator that it did not start, so a
     client that leaves early would leak the slot; this response owns the whole call.
@@ -195,11 +201,11 @@ class _Stream(Response):
 
     media_type = SSE
 
-    def __init__(self, handlers: _Handlers, job: Job, ticket: Ticket, key: str | None) -> None:
+    def __init__(self, handlers: _Handlers, frames: Frames | ResponsesFrames, ticket: Ticket, key: str | None) -> None:
         super().__init__(headers={"cache-control": "no-cache", "x-accel-buffering": "no"}, media_type=SSE)
         del self.headers["content-length"]
         self.handlers = handlers
-        self.job = job
+        self.frames = frames
         self.ticket = ticket
         self.key = key
 
@@ -218,17 +224,21 @@ class _Stream(Response):
 
                 tg.start_soon(watch)
                 await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-                async with self.ticket:
-                    async for index in handlers.engine.tokens(self.job.max_tokens):
-                        data = chunk(self.job, handlers.config.model, index)
-                        chunks.append(data)
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
-                if self.job.include_usage:
-                    data = usage_chunk(self.job, handlers.config.model)
+                frames = self.frames
+
+                async def frame(data: bytes, more: bool = True) -> None:
                     chunks.append(data)
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-                chunks.append(DONE)
-                await send({"type": "http.response.body", "body": DONE, "more_body": False})
+                    await send({"type": "http.response.body", "body": data, "more_body": more})
+
+                async with self.ticket:
+                    for data in frames.opening():
+                        await frame(data)
+                    async for index in handlers.engine.tokens(frames.job.max_tokens):
+                        await frame(frames.token(index))
+                *closing, last = frames.closing()
+                for data in closing:
+                    await frame(data)
+                await frame(last, more=False)
                 done = True
                 tg.cancel_scope.cancel()
         finally:

@@ -1,4 +1,5 @@
-"""OpenAI request validation and response shapes for completions and chat completions.
+"""OpenAI request validation and response shapes for completions and chat completions (the Responses
+API's are in ``_responses``).
 
 The generated text is deterministic (``tok0 tok1 ...``) so a client can count the
 tokens it received against the ``max_tokens`` it asked for (``token_word`` sets the word,
@@ -23,18 +24,24 @@ from typing import Any, Literal
 
 __all__ = [
     "DONE",
+    "Frames",
     "Invalid",
     "Job",
     "chunk",
     "count_tokens",
+    "counted",
     "error_body",
     "full_body",
+    "json_body",
+    "limit",
+    "model_of",
     "parse",
+    "streamed",
     "token_text",
     "usage_chunk",
 ]
 
-Kind = Literal["completion", "chat"]
+Kind = Literal["completion", "chat", "responses"]
 
 
 class Invalid(ValueError):
@@ -62,41 +69,62 @@ class Job:
 
 
 def parse(raw: bytes, kind: Kind, *, default_max_tokens: int, max_tokens: int, word: str = "tok") -> Job:
+    body = json_body(raw)
+    model = model_of(body)
+    start = 0
+    if kind == "completion":
+        prompt = body.get("prompt", _MISSING)
+        prompt_tokens = _prompt_tokens(prompt)
+        start = counted(prompt if isinstance(prompt, str) else prompt[-1], word)
+        name = "max_tokens"
+    else:
+        messages = body.get("messages", _MISSING)
+        prompt_tokens = _message_tokens(messages)
+        start = _continuation(body, messages, word)
+        name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    wanted = limit(body, name, default_max_tokens, max_tokens)
+    stream = streamed(body)
+    include_usage = _include_usage(body.get("stream_options"), stream)
+    prefix = "cmpl" if kind == "completion" else "chatcmpl"
+    job_id = f"{prefix}-{uuid.uuid4().hex}"
+    return Job(kind, model, prompt_tokens, wanted, stream, job_id, int(time.time()), start, include_usage, word)
+
+
+def json_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object, or the 400 that says what is wrong with it."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise Invalid(f"The request body is not valid JSON ({exc}); send a JSON object.", None) from None
     if not isinstance(body, dict):
         raise Invalid("The request body must be a JSON object.", None)
+    return body
+
+
+def model_of(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise Invalid("'model' is required and must be a non-empty string.", "model")
-    start = 0
-    if kind == "completion":
-        prompt = body.get("prompt", _MISSING)
-        prompt_tokens = _prompt_tokens(prompt)
-        start = _counted(prompt if isinstance(prompt, str) else prompt[-1], word)
-        wanted = body.get("max_tokens", default_max_tokens)
-        name = "max_tokens"
-    else:
-        messages = body.get("messages", _MISSING)
-        prompt_tokens = _message_tokens(messages)
-        start = _continuation(body, messages, word)  # type: ignore[arg-type]
-        name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        wanted = body.get(name, default_max_tokens)
+    return model
+
+
+def limit(body: dict[str, Any], name: str, default: int, most: int) -> int:
+    """The request's token limit ``name``: the default where it is missing or null."""
+    wanted = body.get(name, default)
     if wanted is None:
-        wanted = default_max_tokens
-    if isinstance(wanted, bool) or not isinstance(wanted, int) or not 1 <= wanted <= max_tokens:
-        raise Invalid(f"'{name}' must be a whole number from 1 to {max_tokens}, got {wanted!r}.", name)
+        wanted = default
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or not 1 <= wanted <= most:
+        raise Invalid(f"'{name}' must be a whole number from 1 to {most}, got {wanted!r}.", name)
+    return wanted
+
+
+def streamed(body: dict[str, Any]) -> bool:
     stream = body.get("stream", False)
     if stream is None:
-        stream = False
+        return False
     if not isinstance(stream, bool):
         raise Invalid(f"'stream' must be true or false, got {stream!r}.", "stream")
-    include_usage = _include_usage(body.get("stream_options"), stream)
-    prefix = "cmpl" if kind == "completion" else "chatcmpl"
-    job_id = f"{prefix}-{uuid.uuid4().hex}"
-    return Job(kind, model, prompt_tokens, wanted, stream, job_id, int(time.time()), start, include_usage, word)
+    return stream
 
 
 def _include_usage(options: object, stream: bool) -> bool:
@@ -136,10 +164,10 @@ def _continuation(body: dict[str, Any], messages: list[dict[str, Any]], word: st
             f"messages[{len(messages) - 1}] has role {messages[-1].get('role')!r}.",
             "continue_final_message",
         )
-    return _counted(messages[-1]["content"], word)
+    return counted(messages[-1]["content"], word)
 
 
-def _counted(text: str, word: str) -> int:
+def counted(text: str, word: str) -> int:
     """How many tokens of the count ``tok0 tok1 ...`` end ``text`` (0 if it does not end with one)."""
     at = text.rfind(f"{word}0")
     if at < 0:
@@ -237,3 +265,24 @@ def full_body(job: Job, served_model: str) -> bytes:
         message = {"role": "assistant", "content": text}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
     return json.dumps({**_envelope(job, served_model, False), "choices": [choice], "usage": _usage(job)}).encode()
+
+
+class Frames:
+    """The frames of one chat or completion answer: none before the tokens, one chunk per token, then the
+    usage chunk where asked for and ``[DONE]``; ``body`` is the answer not streamed."""
+
+    def __init__(self, job: Job, served_model: str) -> None:
+        self.job = job
+        self.model = served_model
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def token(self, index: int) -> bytes:
+        return chunk(self.job, self.model, index)
+
+    def closing(self) -> list[bytes]:
+        return [usage_chunk(self.job, self.model), DONE] if self.job.include_usage else [DONE]
+
+    def body(self) -> bytes:
+        return full_body(self.job, self.model)
