@@ -12,6 +12,7 @@ from typing import Any, Never
 
 from prometheus_client import CollectorRegistry
 
+from .._drain._admission import Admission
 from .._drain._core import Duration
 from .._drain._environ import UNSET
 from .._drain._errors import ConfigError, reported
@@ -81,6 +82,7 @@ class GracefulMiddleware:
         propagation_quiet: Duration = UNSET,
         admit_during_propagation: bool = UNSET,
         handoff_streams: bool = UNSET,
+        admission: Admission = UNSET,
         on_drain_start: Hook | None = UNSET,
         on_drained: Hook | None = UNSET,
         hook_timeout: Duration = UNSET,

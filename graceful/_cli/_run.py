@@ -14,6 +14,7 @@ import click
 from click.core import ParameterSource
 from click.decorators import FC
 
+from .._drain._admission import MODES
 from .._drain._environ import shown_default, variable
 from .._drain._errors import ConfigError
 from .._drain._options import DRAIN_DECLARED
@@ -88,6 +89,11 @@ def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
 @_drain_flag(
     "--handoff-streams/--no-handoff-streams",
     "After the propagation wait, end resumable SSE streams for their clients to continue elsewhere.",
+)
+@_drain_flag(
+    "--admission",
+    "During a drain, admit every request (all) or only those expected to finish before the deadline (fits).",
+    type=click.Choice(MODES),
 )
 @click.option(
     "--timeout-keep-alive",

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._admission import Admission, check_mode, read_mode
 from ._budget import Budget, check_quiet, parse_duration
 from ._environ import UNSET, Env, callable_kind, declared, duration, flag, from_environ, option
 from ._errors import ConfigError, reported
@@ -47,6 +48,15 @@ class DrainConfig:
         "`1`/`0`",
         "once the propagation wait has passed, end resumable SSE streams at once with the final event, "
         "for the client to continue elsewhere (see [Resumable streams](resume.md))",
+    )
+    admission: Admission = option(
+        "all",
+        read_mode,
+        "`all` or `fits`",
+        "during a drain, `all` admits every request the drain would; `fits` only those expected to finish "
+        "before this replica ends them, refusing the others with the not-started 503 "
+        "(see [Admission during a drain](budget.md#admission-during-a-drain))",
+        check=check_mode,
     )
     on_drain_start: Hook | None = option(
         None, _HOOK_READ, "`module:function`, imported", _HOOK_MEANING, check=_HOOK_CHECK

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Never
 
+from ._admission import Admission
 from ._budget import Budget
 from ._core import Core, Duration
 from ._environ import UNSET
@@ -55,6 +56,7 @@ class Drain:
         propagation_quiet: Duration = UNSET,
         admit_during_propagation: bool = UNSET,
         handoff_streams: bool = UNSET,
+        admission: Admission = UNSET,
         on_drain_start: Hook | None = UNSET,
         on_drained: Hook | None = UNSET,
         hook_timeout: Duration = UNSET,

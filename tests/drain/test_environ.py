@@ -69,6 +69,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
         "GRACEFUL_PROPAGATION_QUIET": "2s",
         "GRACEFUL_ADMIT_DURING_PROPAGATION": "0",
         "GRACEFUL_HANDOFF_STREAMS": "yes",
+        "GRACEFUL_ADMISSION": "fits",
         "GRACEFUL_ON_DRAIN_START": "tests.drain.test_environ:async_hook",
         "GRACEFUL_ON_DRAINED": "tests.drain.test_environ:async_hook",
         "GRACEFUL_HOOK_TIMEOUT": "3s",
@@ -100,6 +101,7 @@ def test_variables_fill_what_the_code_leaves_at_its_default(monkeypatch: pytest.
     assert (config.budget.grace_period, config.budget.reserve, config.budget.drain_timeout) == (120.0, 20.0, 90.0)
     assert (config.budget.propagation_wait, config.budget.propagation_quiet) == (10.0, 2.0)
     assert (config.admit_during_propagation, config.handoff_streams, config.drain_on_sigterm) == (False, True, False)
+    assert config.admission == "fits"
     assert config.on_drain_start is async_hook and config.on_drained is async_hook
     assert (config.hook_timeout, config.unwind_timeout) == (3.0, 0.5)
     assert list(mw._special) == [
