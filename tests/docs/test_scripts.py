@@ -82,7 +82,7 @@ def clone(tmp_path: Path) -> Clone:
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in {"VIRTUAL_ENV", "PYTHON", "GRACEFUL_BEFORE_VLLM"} and not key.startswith("BASH_FUNC_")
+        if key not in {"VIRTUAL_ENV", "PYTHON", "GRACEFUL_BESIDE"} and not key.startswith("BASH_FUNC_")
     }
     env.update(PATH=f"{tools}{os.pathsep}{env['PATH']}", PYTHON=str(tools / "python"), CALLS=str(calls))
     return Clone(root, env, calls)
