@@ -160,6 +160,22 @@ def shared_replica(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> 
         yield server
 
 
+@pytest.fixture(scope="session")
+def handoff_replica(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """Replica A of the handoff tests, started once for the whole vllm tier: the recipe's environment and
+    GRACEFUL_HANDOFF_STREAMS=1. A test drains it (the handoff) and leaves it drained; the next one's
+    ``handing_off`` resumes it. A test that kills its engine starts a replica of its own."""
+    log = tmp_path_factory.mktemp("vllm-a") / "log"
+    with long_lived(model_dir, (), log, {**SHARED_RECIPE, "GRACEFUL_HANDOFF_STREAMS": "1"}) as server:
+        yield server
+
+
+@pytest.fixture
+def handing_off(handoff_replica: VllmServer) -> VllmServer:
+    """Replica A, serving (``serving``): the drain a test before left is resumed first."""
+    return serving(handoff_replica)
+
+
 @contextlib.contextmanager
 def long_lived(model_dir: str, args: tuple[str, ...], log: Path, env: dict[str, str]) -> Iterator[VllmServer]:
     """A vLLM for fixtures wider than a test, ready, in a short socket directory of its own; stopped and

@@ -369,15 +369,15 @@ def resumed_read(
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_a_stream_cut_at_the_drain_continues_exactly_on_another_replica(
-    replica: VllmServer, start_vllm: Callable[..., VllmServer], kind: str
+    replica: VllmServer, handing_off: VllmServer, kind: str
 ) -> None:
     """1. replica B (the shared one) streams the whole answer alone: the reference token ids
-    2. the same request, with graceful's resuming transport, starts on replica A (handoff on)
+    2. the same request, with graceful's resuming transport, starts on replica A (the shared one with
+       handoff on)
     3. A is drained (propagation wait 0): it hands the stream off with the resumable final event
     4. the transport continues it on B from the token ids received
     5. the caller read one stream: the reference's token ids and text exactly, one [DONE], one resume"""
-    first = start_vllm(**RECIPE, GRACEFUL_HANDOFF_STREAMS="1")
-    first.wait_ready()
+    first = handing_off
     # Long enough to outlast the hook's start on an idle machine too (600 tokens did not, once).
     tokens = tokens_for(replica, 10)
     payload = {"model": replica.model, **body(kind, tokens, return_token_ids=True)}
