@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -19,7 +20,7 @@ from ._refusal import HTTP1, request_id
 from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
 
-__all__ = ["Call", "peer_of", "resumable"]
+__all__ = ["Call", "FrameClock", "peer_of", "resumable"]
 
 logger = logging.getLogger("graceful")
 
@@ -44,6 +45,39 @@ _LAST_OF_EXTENSIONS = frozenset({"http.response.pathsend", "http.response.zeroco
 
 async def _drop(message: Message) -> None:
     """Stands in for the server's send once the deadline has ended a response."""
+
+
+class FrameClock:
+    """Stands in for a sampled call's server send (``Call.time``): counts its body frames and times the
+    first and the last, for the pace ``admission="fits"`` judges by (``_admission.Sampler``)."""
+
+    __slots__ = ("admitted", "call", "first", "frames", "last", "send", "since", "started")
+
+    def __init__(self, call: Call, admitted: float, since: float) -> None:
+        self.call = call
+        self.admitted = admitted  # the call's admission (monotonic)
+        self.since = since  # when the sampling began
+        self.started = call.started()  # whether its response had started then: no first-token time
+        self.frames = 0
+        self.first = self.last = 0.0
+        self.send: Send = _drop
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if message.get("body"):
+            now = time.monotonic()
+            if not self.frames:
+                self.first = now
+            self.last = now
+            self.frames += 1
+        return self.send(message)
+
+    def pace(self) -> tuple[float | None, float | None]:
+        """The time from admission to the first frame (None when the response had started before the
+        sampling) and the time per frame after it; neither for fewer than three frames (not a stream)."""
+        if self.frames < 3:
+            return None, None
+        per_frame = (self.last - self.first) / (self.frames - 1)
+        return (None if self.started else self.first - self.admitted), per_frame
 
 
 class Call(Tracked):
@@ -191,6 +225,19 @@ class Call(Tracked):
     def started(self) -> bool:
         """Whether the response has started (its start message went to the server)."""
         return getattr(self, "start", None) is not None
+
+    def time(self, clock: FrameClock) -> bool:
+        """Send this call's messages through ``clock`` from now on (the pace sampler, off the hot path);
+        False once the call has ended."""
+        if not self.open or self.server_send is _drop:
+            return False
+        clock.send, self.server_send = self.server_send, clock
+        return True
+
+    def untime(self, clock: FrameClock) -> None:
+        """Send this call's messages straight to the server again, unless it has ended since ``time``."""
+        if self.server_send is clock:
+            self.server_send = clock.send
 
     def content_type(self) -> bytes:
         start = getattr(self, "start", None)

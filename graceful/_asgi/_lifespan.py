@@ -23,6 +23,7 @@ import anyio.abc
 
 from .._drain._errors import ConfigError
 from .._drain._observed import SWEEP
+from ._admission import Sampler
 from ._log import show_in_server_log
 from ._shared import Shared
 from ._types import Message, Receive, Scope, Send
@@ -168,7 +169,7 @@ class _Services:
                         await tg.start(server.serve)
                     if shared.mirror is not None:
                         tg.start_soon(_mirror_loop, shared.mirror)
-                    tg.start_soon(_count_loop, shared.ledger)
+                    tg.start_soon(_count_loop, shared.ledger, Sampler(shared.ledger, shared.core.tally.pace))
                     drain = shared.drain
                     if drain.config.drain_on_sigterm and shared.core.signals_owner is None:
                         from ._signals import SignalDrain
@@ -184,10 +185,11 @@ class _Services:
             await self.stopped.wait()
 
 
-async def _count_loop(ledger: Ledger) -> None:
+async def _count_loop(ledger: Ledger, sampler: Sampler) -> None:
     while True:
         await anyio.sleep(SWEEP)
         ledger.count_durations()
+        sampler.sweep()  # the pace admission="fits" judges by (``_admission``)
 
 
 async def _mirror_loop(mirror: MultiprocessMirror) -> None:

@@ -19,7 +19,8 @@ from .._drain._errors import ConfigError, reported
 from .._drain._ledger import ERROR, NO_LIMIT
 from .._drain._options import DRAIN_OPTIONS, Hook
 from .._drain._state import Drain, core
-from .._drain._status import SERVING, State
+from .._drain._status import DRAINING, SERVING, State
+from ._admission import judge
 from ._answers import json_response, probe_body
 from ._frames import FinalFrame
 from ._http import Call, peer_of, resumable
@@ -175,6 +176,8 @@ class GracefulMiddleware:
             # Admission's fast path: while SERVING under the reject_over limit there is nothing to decide.
             if drain.state is not SERVING or (limit is not None and len(admissions) >= limit):
                 reason = self._refusal(scope)
+                if reason is None and drain.state is DRAINING:  # admission="fits": would it finish in time?
+                    receive, reason = await judge(self.shared, scope, receive)
                 if reason is not None:
                     return await self._refuse(scope, receive, send, reason)
             # The request's record, filled here rather than by a Python __init__ (one frame less

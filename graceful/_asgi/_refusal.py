@@ -13,6 +13,7 @@ import json
 
 import anyio
 
+from .._drain._admission import WOULD_NOT_FINISH
 from .._drain._status import State
 from ._answers import json_response
 from ._shared import Shared
@@ -56,6 +57,9 @@ _MESSAGES = {
     "server_stopped": "This server has stopped and did not start the request; retry it elsewhere.",
     "server_overloaded": "This server is at its in-flight limit and did not start the request; retry it elsewhere.",
     "server_failed": "This server's engine has failed and the request was not started; retry it elsewhere.",
+    # admission="fits" (``_admission.judge``): during a drain, a request expected to outrun the deadline.
+    WOULD_NOT_FINISH: "This server is draining and would not finish the request before its deadline; it did "
+    "not start it; retry it elsewhere.",
 }
 
 

@@ -291,6 +291,14 @@ def report(advice: Advice, max_cut: float, max_grace: float | None = None, max_g
         )
     else:
         lines.append(f"  at risk: none of the {advice.requests} requests ran longer: this budget cuts none of them")
+    seen = advice.admitting  # issue 54: what each admission mode does with the requests of the wait
+    if seen is not None:
+        lines.append(
+            f"  arriving during the {seen.wait:g} s propagation wait ({seen.limit - seen.wait:g} s to the deadline "
+            f"at its end): --admission fits would refuse up to {seen.refused:.0f} of the {seen.requests} requests "
+            f"seen ({seen.refused / seen.requests:.2%}); --admission all would leave at least {seen.cut:.0f} to be "
+            f"cut ({seen.cut / seen.requests:.2%})"
+        )
     lines.append("recommended:")
     reasons = advice.reasons
     if advice.grace_period is not None:

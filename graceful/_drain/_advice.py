@@ -11,7 +11,9 @@ Pure arithmetic over ``Histogram`` snapshots and a ``Budget``, with the budget's
   seen (``graceful_propagation_seconds``) with half again as much raises it, and the quiet
   rule ends it early.
 
-``outlook`` judges the work in flight at a drain's start by the same durations.
+``outlook`` judges the work in flight at a drain's start by the same durations, and ``admitting`` the
+requests that arrive during the propagation wait: how many ``admission="fits"`` would refuse and how many
+``admission="all"`` would leave to be cut (issue 54).
 """
 
 from __future__ import annotations
@@ -24,7 +26,17 @@ from ._budget import Budget
 from ._durations import default_reserve
 from ._observed import Histogram, merge_all
 
-__all__ = ["PROPAGATION_HEADROOM", "QUIET", "Advice", "Evidence", "Outlook", "advise", "outlook"]
+__all__ = [
+    "PROPAGATION_HEADROOM",
+    "QUIET",
+    "Admitting",
+    "Advice",
+    "Evidence",
+    "Outlook",
+    "admitting",
+    "advise",
+    "outlook",
+]
 
 PERCENTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
 PROPAGATION_HEADROOM = 1.5  # the slowest propagation seen, times this, rounded up to whole seconds
@@ -67,6 +79,7 @@ class Advice:
     refuse_grace_period: float | None  # the grace period if new requests were refused during the wait
     reasons: dict[str, str] = field(default_factory=dict)
     handoff: str | None = None
+    admitting: Admitting | None = None  # None: nothing is admitted during the propagation wait
 
     @property
     def requests(self) -> int:
@@ -125,6 +138,7 @@ class Advice:
             },
             "longest": number(self.longest),
             "handoff": self.handoff,
+            "admitting": None if self.admitting is None else self.admitting.as_dict(),
         }
 
 
@@ -217,6 +231,7 @@ def advise(
         refuse_grace_period=refuse_grace,
         reasons=reasons,
         handoff=handoff,
+        admitting=admitting(evidence.histograms, budget.propagation_wait, budget.limit) if admit else None,
     )
 
 
@@ -240,6 +255,54 @@ def _shortest_grace(longest: float, wait: float, reserve: float | None, *, admit
         else:
             low = middle + 1
     return float(low)
+
+
+@dataclass(frozen=True)
+class Admitting:
+    """The requests seen, as if each had arrived during the propagation wait (``wait`` seconds, ``limit``
+    seconds from the drain's start to its deadline), at an instant spread evenly over it: how many
+    ``admission="fits"`` would refuse (``refused``: its estimate reads a bucket's upper bound, so at most
+    this many) and how many ``admission="all"`` would admit for the deadline to cut (``cut``: a bucket's
+    lower bound, so at least this many). Expected counts, not whole numbers."""
+
+    wait: float
+    limit: float
+    requests: int
+    refused: float
+    cut: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "wait": self.wait,
+            "limit": self.limit,
+            "requests": self.requests,
+            "refused_with_fits": round(self.refused, 3),
+            "cut_with_all": round(self.cut, 3),
+        }
+
+
+def admitting(histograms: Mapping[str, Histogram], wait: float, limit: float) -> Admitting | None:
+    """Judge the requests seen as arrivals during the propagation wait (``Admitting``); None without a wait.
+
+    A request of ``d`` seconds arriving ``t`` seconds into the drain outruns the deadline when
+    ``t + d > limit``; with ``t`` even over ``[0, wait)``, its chance is ``(d + wait - limit) / wait``,
+    clamped to 0..1.
+    """
+    if wait <= 0:
+        return None
+    merged = merge_all(histograms.values()) or Histogram.empty()
+
+    def chance(duration: float) -> float:
+        return min(1.0, max(0.0, (duration + wait - limit) / wait))
+
+    refused = cut = 0.0
+    lower = 0.0
+    for upper, count in zip([*merged.bounds, math.inf], merged.counts):
+        if count:
+            refused += count * chance(upper)
+            cut += count * chance(lower)
+        lower = upper
+    return Admitting(wait, limit, merged.count, refused, cut)
 
 
 @dataclass(frozen=True)

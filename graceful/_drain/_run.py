@@ -18,6 +18,7 @@ from typing import Protocol
 
 import anyio
 
+from ._admission import WOULD_NOT_FINISH
 from ._ledger import HANDED_OFF, Tracked
 from ._options import DrainConfig, Hook
 from ._status import DrainOutcome, DrainResult, Tally
@@ -301,7 +302,7 @@ class DrainRun:
         requests = counters["requests"]
         logger.info(
             "drain %s: reason=%s duration=%.3fs in_flight_left=%d truncated=%d handed_off=%d completed=%d "
-            "client_disconnected=%d errors=%d cancelled=%d rejected=%d",
+            "client_disconnected=%d errors=%d cancelled=%d rejected=%d would_not_finish=%d",
             result.result,
             result.reason,
             result.duration,
@@ -310,6 +311,7 @@ class DrainRun:
             result.handed_off,
             *(requests[name] for name in ("completed", "client_disconnected", "error", "cancelled")),
             sum(counters["rejected"].values()),
+            counters["rejected"].get(WOULD_NOT_FINISH, 0),  # admission="fits" (``_admission``)
         )
 
 

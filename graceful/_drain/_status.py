@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ._admission import Pace
 from ._observed import RequestHistograms
 
 __all__ = ["OUTCOMES", "DrainOutcome", "DrainResult", "DrainStatus", "Failure", "State", "Tally"]
@@ -141,6 +142,7 @@ class Tally:
         "drain_seconds",
         "propagation_seconds",
         "histograms",
+        "pace",
         "failures",
     )
 
@@ -155,6 +157,8 @@ class Tally:
         self.propagation_seconds: list[float] = []
         # How long finished work took, plain and streamed apart (``_observed``; the ledger's count_durations counts it).
         self.histograms = RequestHistograms()
+        # How fast the streams sampled went, for admission="fits" (``_admission``; the middleware's lifespan samples).
+        self.pace = Pace()
 
     @staticmethod
     def add(group: dict[str, int], key: str) -> None:

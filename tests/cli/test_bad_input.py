@@ -86,6 +86,16 @@ ROWS = [
         ["'--socket-dir'", "{file}"],
     ),
     ("run-no-module", ["run", "no_such_module_here:app"], {}, 2, "graceful run:", ["no_such_module_here:app"]),
+    # Issue 54: the admission option's flag and variable name the value and the choices.
+    ("run-admission", ["run", "x:app", "--admission", "maybe"], {}, 2, "graceful run:", ["'maybe'", "'all', 'fits'"]),
+    (
+        "run-admission-variable",
+        ["run", "plain:app", "--app-dir", "{dir}"],
+        {"GRACEFUL_ADMISSION": "maybe"},
+        2,
+        "graceful run:",
+        ["GRACEFUL_ADMISSION: 'maybe'", "all or fits"],
+    ),
     # Issue 51: the flag or the variable the user actually used, the value as typed, in every command.
     (
         "run-socket-dir-under-a-file",

@@ -429,7 +429,7 @@ async def test_expiry_waits_for_work_to_unwind_up_to_unwind_timeout(caplog: pyte
     [summary] = [line for line in lines if line.startswith("drain timeout:")]
     assert re.fullmatch(
         r"drain timeout: reason=preStop duration=\d+\.\d{3}s in_flight_left=2 truncated=2 handed_off=0 completed=0 "
-        r"client_disconnected=0 errors=0 cancelled=1 rejected=0",
+        r"client_disconnected=0 errors=0 cancelled=1 rejected=0 would_not_finish=0",
         summary,
     ), summary
 
