@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from .._admin._client import NoServer, discover, request_all
 from .._admin._wire import Field, Value
+from .._drain._admission import WOULD_NOT_FINISH
 from .._drain._names import variable
 from ._params import DURATION, FromEnv, fail, socket_dir_option
 from ._servers import EXIT_NO_SERVER, UsageProblem, run_drain, socket_dir_to_search
@@ -132,6 +133,9 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(body[Field.SINCE])))
         failure = body.get(Field.FAILURE)
         cause = f"  {failure[Field.REASON]}: {failure[Field.DETAIL]}" if isinstance(failure, dict) else ""
+        # admission="fits" (issue 54): the requests refused because they would not have finished in time.
+        late = body.get(Field.COUNTERS, {}).get("rejected", {}).get(WOULD_NOT_FINISH, 0)
+        cause += f"  refused {late} that would not finish (admission fits)" if late else ""
         click.echo(f"{body[Field.PID]:>8}  {body[Field.STATE]:<9} {body[Field.IN_FLIGHT]:>9}  {since}{cause}")
 
 
