@@ -69,6 +69,6 @@ class Lifecycle:
         lacks = []
         if self.admin:
             lacks.append("the admin socket (graceful drain cannot reach this process)")
-        if self.drain.config.drain_on_sigterm and self.core.signals_owner is None:
+        if self.core.middleware_drains_on_sigterm:
             lacks.append("the SIGTERM drain")
         return lacks

@@ -3,7 +3,7 @@
 The admin listener and the SIGTERM takeover live in the lifespan task, which every
 ASGI server keeps for the life of the process, so they work under any server that
 runs lifespan. A lifespan startup after a shutdown begins a new lifecycle of the same
-``Drain`` (``Drain.restart``).
+``Drain`` (``Core.restart``).
 
 The app decides when its lifespan ends. graceful only watches the messages as they
 pass: it never answers for the app, and the call returns (or raises) the moment the
@@ -170,11 +170,10 @@ class _Services:
                     if shared.mirror is not None:
                         tg.start_soon(_mirror_loop, shared.mirror)
                     tg.start_soon(_count_loop, shared.ledger, Sampler(shared.ledger, shared.core.tally.pace))
-                    drain = shared.drain
-                    if drain.config.drain_on_sigterm and shared.core.signals_owner is None:
+                    if shared.core.middleware_drains_on_sigterm:
                         from ._signals import SignalDrain
 
-                        await tg.start(SignalDrain(drain).run)
+                        await tg.start(SignalDrain(shared.drain).run)
                     task_status.started()
         finally:
             self.stopped.set()

@@ -119,9 +119,9 @@ class GracefulMiddleware:
             raise reported(exc).with_traceback(None) from None
         self.app = app
         self.drain = drain
-        self.core = inner = core(drain)
-        self.ledger = inner.ledger
-        self.admissions = inner.ledger.table  # the ledger's table, admitted into inline (see __call__)
+        self._core = inner = core(drain)
+        self._ledger = inner.ledger
+        self._admissions = inner.ledger.table  # the ledger's table, admitted into inline (see __call__)
         self.options = options
         self.max_in_flight = options.max_in_flight if options.max_in_flight is not None else NO_LIMIT
         # None for no limit: the admission check is then one identity test (a comparison with a
@@ -170,11 +170,12 @@ class GracefulMiddleware:
                     return await self.app(scope, receive, send)
                 await handler(scope, receive, send)
                 return
-            drain = self.drain
-            admissions = self.admissions
+            # The drain's state read from its internal face, a plain attribute (``Drain.state`` is a property).
+            inner = self._core
+            admissions = self._admissions
             limit = self.reject_over
             # Admission's fast path: while SERVING under the reject_over limit there is nothing to decide.
-            if drain.state is not SERVING or (limit is not None and len(admissions) >= limit):
+            if inner.state is not SERVING or (limit is not None and len(admissions) >= limit):
                 reason = self._refusal(scope)
                 if reason is None and drain.state is DRAINING:  # admission="fits": would it finish in time?
                     receive, reason = await judge(self.shared, scope, receive)
@@ -187,7 +188,7 @@ class GracefulMiddleware:
             # skips the slower method-call path. It is asyncio's C lookup (see _task_getter).
             current_task = self.current_task
             call.task = task = current_task(self.loop)
-            call.ledger = self.ledger
+            call.ledger = self._ledger
             call.open = True
             call.shared = self.shared
             call.scope = scope
@@ -241,24 +242,24 @@ class GracefulMiddleware:
         request is refused once streams are handed off; in any state, ``reject_over`` requests in
         flight refuse the next one.
         """
-        drain = self.drain
-        if drain.state is not SERVING:
+        inner = self._core
+        if inner.state is not SERVING:
             # With no lifespan running, this serves it, as the unwrapped app would.
             self.lifecycle.serve_without_lifespan()
-            if drain.state is not SERVING and (
-                not self.core.admit_arrival(peer_of(scope))
+            if inner.state is not SERVING and (
+                not (inner.admit_arrival() or inner.admit_pinned(peer_of(scope)))
                 # Once streams are handed off, a resumable one would be handed off as soon as it
                 # started (it comes on a kept-alive connection): its client goes elsewhere at once.
-                or (self.core.handing_off and scope["type"] == "http" and resumable(scope))
+                or (inner.handing_off and scope["type"] == "http" and resumable(scope))
             ):
-                return REFUSAL[drain.state]
+                return REFUSAL[inner.state]
         limit = self.reject_over
-        if limit is not None and drain.in_flight >= limit:
+        if limit is not None and inner.in_flight >= limit:
             return "server_overloaded"
         return None
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-        self.core.count_rejected(reason)
+        self._core.count_rejected(reason)
         if scope["type"] == "websocket":
             await reject_websocket(self.shared, scope, receive, send, reason)
         else:

@@ -4,8 +4,8 @@ sessions and tracked jobs.
 An item is admitted into a ledger (``Ledger.admit_item``, which records the time) and
 finishes exactly once, with an outcome (``Tracked.finish_after``, which ``Tracked.finish``
 runs at once): that is the only code that ends an item's count. It names itself for the
-drain's leftover list and can be ended at the drain deadline. ``Drain`` is a ``Ledger``; the
-ledger's fields are this module's alone.
+drain's leftover list and can be ended at the drain deadline. A ``Drain``'s ``Core`` holds its
+``Ledger``; the ledger's private fields are this module's alone.
 """
 
 from __future__ import annotations
@@ -47,9 +47,6 @@ __all__ = [
 COMPLETED, CLIENT_DISCONNECTED, ERROR, CANCELLED, HANDED_OFF = range(5)
 NO_LIMIT = 1 << 62
 
-# Loaded as a module global: one lookup, no attribute access, per admission.
-_monotonic = time.monotonic
-
 
 class NotAccepting(RuntimeError):
     """Raised by :meth:`Drain.track` when the process no longer takes new work."""
@@ -58,23 +55,25 @@ class NotAccepting(RuntimeError):
 class Ledger:
     """Everything admitted and not yet finished, in order of admission, with its admission time.
 
-    ``table`` maps each item to the ``time.monotonic()`` of its admission: an owner that admits
-    inline on its hot path (graceful's middleware, once per request) writes
-    ``table[item] = time.monotonic()``, which is ``admit_item(item)`` without its call. Items
-    leave it only through ``Tracked.finish_after``; it is the same object for the ledger's whole
-    life. ``outcomes`` counts finished items by outcome, and ``waker`` (the current drain run's
-    ``wake``) is called when the ledger empties. ``count_durations`` counts the durations of
-    finished items into the tally's histograms: ``_watched`` is what the last count saw in flight,
-    ``_swept`` when, and ``_released`` how many items had finished by then.
+    ``table`` maps each item to the ``clock()`` of its admission: an owner that admits inline on
+    its hot path (graceful's middleware, once per request) writes ``table[item] = time.monotonic()``,
+    which is ``admit_item(item)`` without its call. Items leave it only through
+    ``Tracked.finish_after``; it is the same object for the ledger's whole life. ``outcomes`` counts
+    finished items by outcome, and ``waker`` (the current drain run's ``wake``) is called when the
+    ledger empties. ``count_durations`` counts the durations of finished items into the tally's
+    histograms: ``_watched`` is what the last count saw in flight, ``_swept`` when, and
+    ``_released`` how many items had finished by then. ``clock`` is ``time.monotonic`` (a test may
+    give a clock it moves by hand).
     """
 
-    def __init__(self, tally: Tally) -> None:
+    def __init__(self, tally: Tally, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.tally = tally
         self.table: dict[Tracked, float] = {}
         self.outcomes = tally.outcomes
         self.waker: Callable[[], None] | None = None
+        self.clock = clock
         self._watched: list[tuple[Tracked, float]] = []
-        self._swept = _monotonic()
+        self._swept = clock()
         self._released = 0
 
     def admit_item(self, item: Tracked, limit: int = NO_LIMIT) -> bool:
@@ -82,7 +81,7 @@ class Ledger:
         items = self.table
         if len(items) >= limit:
             return False
-        items[item] = _monotonic()
+        items[item] = self.clock()
         return True
 
     def items(self) -> tuple[Tracked, ...]:
@@ -91,12 +90,12 @@ class Ledger:
 
     def leftover(self) -> tuple[str, ...]:
         """A line for each item in flight: what it is and for how long it has run."""
-        now = time.monotonic()
+        now = self.clock()
         return tuple(f"{item.label()} ({now - admitted:.1f}s)" for item, admitted in self.table.items())
 
     def ages(self) -> list[tuple[float, bool]]:
         """For each item in flight: how long it has run, and whether it has streamed (off the hot path)."""
-        now = time.monotonic()
+        now = self.clock()
         return [(now - admitted, item.last is not None) for item, admitted in self.table.items()]
 
     def count_durations(self) -> None:
@@ -108,7 +107,7 @@ class Ledger:
         less than the time between two sweeps. Work admitted and finished between two sweeps was
         shorter than that time; it counts as plain, at that time.
         """
-        now = _monotonic()
+        now = self.clock()
         durations = self.tally.histograms
         counts, sums = durations.counts, durations.sums
         released = sum(self.outcomes)
@@ -192,7 +191,8 @@ class Tracked:
         raise NotImplementedError
 
     def peer(self) -> object:
-        """The connection it came on, as a hashable key (``Drain.pinned``); None where there is none."""
+        """The connection it came on, as a hashable key (pinned at a drain's start: ``Core.begin``); None where
+        there is none."""
         return None
 
     async def expire(self) -> None:

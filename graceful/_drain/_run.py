@@ -1,6 +1,6 @@
 """One drain run: its clock, propagation phase, deadline, leader and result.
 
-``Drain.begin_drain`` starts a run and ``Drain.resume`` / ``Drain.mark_stopped`` end
+``Drain.begin_drain`` starts a run (``Core.begin``) and ``Drain.resume`` / ``Drain.mark_stopped`` end
 it. The first caller of ``join`` leads the run (shielded, so that the deadline holds
 even if that caller goes away); later callers wait for its result. The leader sleeps
 until the next instant that can change the outcome and is woken by the last release,
@@ -74,7 +74,7 @@ class DrainRun:
     def follow(self) -> DrainRun:
         """A run for work admitted after this one drained, within the same deadline.
 
-        A pinned connection's one more request (see ``Drain.admit_arrival``) can arrive after
+        A pinned connection's one more request (see ``Core.admit_pinned``) can arrive after
         the drain has ended: waiting for it too keeps the exit that follows (SIGTERM)
         bounded and cuts nothing.
         """
@@ -216,7 +216,7 @@ class DrainRun:
                 now = time.monotonic()
                 prop_end = self.settle_propagation(now)
                 if now >= prop_end and config.handoff_streams and not machine.handing_off and now < deadline:
-                    machine.handing_off = True
+                    machine.start_handoff()
                     await self._hand_off_all()
                     continue
                 if machine.in_flight == 0 and now >= prop_end:

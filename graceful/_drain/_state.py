@@ -22,7 +22,7 @@ from ._core import Core, Duration
 from ._environ import UNSET
 from ._ledger import NotAccepting, track
 from ._options import DRAIN_OPTIONS, DrainConfig, Hook, Overrides
-from ._status import DRAINING, FAILED, SERVING, STOPPED, DrainResult, DrainStatus, Failure, State
+from ._status import DRAINING, FAILED, SERVING, DrainResult, DrainStatus, Failure, State
 
 __all__ = ["Drain", "DrainResult", "DrainStatus", "NotAccepting", "State", "core"]
 
@@ -68,11 +68,19 @@ class Drain:
             raise TypeError(f"unknown drain option(s) {sorted(unknown)}; the options are {sorted(DRAIN_OPTIONS)}")
         given = {name: value for name, value in locals().items() if name in DRAIN_OPTIONS}
         self.config = DrainConfig.resolve(given, os.environ)  # the edge: variables fill what is not passed
-        self.state = State.STARTING
-        self.since = time.time()  # wall-clock time at which the current state was entered
-        self._core = Core(self, self.config)
+        self._core = Core(self.config)
 
     # -- reading ---------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        """The current state (read-only: the transition methods below change it)."""
+        return self._core.state
+
+    @property
+    def since(self) -> float:
+        """The wall-clock time at which the current state was entered (read-only)."""
+        return self._core.since
 
     @property
     def budget(self) -> Budget:
@@ -108,14 +116,15 @@ class Drain:
         """A frozen snapshot: what ``/status`` and ``graceful status`` show."""
         c = self._core
         run = c.run
-        shown = run is not None and (self.state is DRAINING or self.state is FAILED or run.result is not None)
+        state = c.state
+        shown = run is not None and (state is DRAINING or state is FAILED or run.result is not None)
         times = run.times(time.monotonic()) if run is not None and shown else {}
         tally = c.tally
         return DrainStatus(
-            self.state,
-            self.in_flight,
+            state,
+            c.in_flight,
             os.getpid(),
-            self.since,
+            c.since,
             counters=tally.as_dict(),
             budget=self.config.in_force(),
             durations=tally.histograms.as_dict(),
@@ -154,24 +163,11 @@ class Drain:
 
     def resume(self) -> bool:
         """DRAINING -> SERVING (maintenance undrain); returns False in any other state, FAILED included."""
-        if self.state is not DRAINING:
-            return False
-        c = self._core
-        c.pinned.clear()
-        c.handing_off = False
-        if c.run is not None:
-            c.run.end("resumed")
-        self._core.transition(SERVING, "resume")
-        return True
+        return self._core.resume()
 
     def mark_stopped(self, reason: str = "shutdown") -> None:
         """Enter STOPPED (lifespan shutdown): the end of this lifecycle."""
-        if self.state is not STOPPED:
-            c = self._core
-            c.ended_in_drain = self.state is DRAINING or self.state is FAILED
-            if c.run is not None:
-                c.run.end("stopped")
-            self._core.transition(STOPPED, reason)
+        self._core.stop(reason)
 
     def mark_failed(self, reason: str, detail: str = "") -> bool:
         """Enter FAILED: the engine behind this server has died (``reason``, e.g. ``engine_dead``, and what
@@ -183,20 +179,11 @@ class Drain:
         leads back to SERVING: ``resume()`` returns False, and only a new lifecycle (a lifespan
         startup after STOPPED) clears the failure.
         """
-        if self.state is FAILED or self.state is STOPPED:
-            return False
-        c = self._core
-        c.failure = Failure(reason, detail, time.time())
-        c.pinned.clear()
-        c.tally.add(c.tally.failures, reason)
-        self._core.transition(FAILED, reason)
-        if detail:
-            logger.warning("failed (%s): %s", reason, detail)
-        return True
+        return self._core.fail(reason, detail)
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every state change and when a drain has its result."""
-        self._core.listeners.append(callback)
+        self._core.add_listener(callback)
 
     def track(self, name: str = "job") -> AbstractAsyncContextManager[None]:
         """Count non-HTTP work (a queue consumer's job) as in flight: ``async with drain.track():``.
@@ -204,7 +191,7 @@ class Drain:
         Raises :class:`NotAccepting` unless SERVING. At the drain deadline the block is
         cancelled and counted as truncated.
         """
-        return track(self, self._core.ledger, name)
+        return track(self._core, self._core.ledger, name)
 
     # -- draining ------------------------------------------------------------------------
 

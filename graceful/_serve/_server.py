@@ -50,8 +50,9 @@ class GracefulServer(uvicorn.Server):
     """A ``uvicorn.Server`` whose first SIGTERM/SIGINT drains and whose second forces exit
     (a repeat within ``REPEAT_WINDOW`` of the first is the same stop: ``StopSignals``).
 
-    ``forced_exits`` counts forced exits. At the start of any drain (signal, preStop or
-    admin socket) the peers of the open connections are pinned on the ``Drain``.
+    ``forced_exits`` counts forced exits. It is the drain's launcher (``Core.set_launcher``):
+    SIGTERM drains here, and at the start of any drain (signal, preStop or admin socket) the
+    peers of its open connections are pinned, each served one more request.
     """
 
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
@@ -63,9 +64,7 @@ class GracefulServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._drain_task: asyncio.Task[None] | None = None
-        self._was_draining = False
-        core(drain).signals_owner = "graceful run"  # SIGTERM drains here: the middleware leaves it alone
-        drain.add_listener(self._on_drain_change)
+        core(drain).set_launcher("graceful run", self._open_peers)  # the middleware leaves SIGTERM alone
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -129,15 +128,11 @@ class GracefulServer(uvicorn.Server):
         if self._wakeup is not None:
             self._wakeup.set()
 
-    def _on_drain_change(self) -> None:
-        draining = self.drain.state is State.DRAINING
-        if draining and not self._was_draining:
-            # kube-proxy keeps these connections pinned here after the endpoint is gone;
-            # the middleware serves one more request on each (admit_during_propagation).
-            connections: list[Any] = list(self.server_state.connections)
-            peers = {conn.client for conn in connections if getattr(conn, "client", None)}
-            core(self.drain).pinned.update(peers)
-        self._was_draining = draining
+    def _open_peers(self) -> set[Any]:
+        """The peers of the open connections, idle ones included: kube-proxy keeps them pinned here after
+        the endpoint is gone, and the middleware serves one more request on each (admit_during_propagation)."""
+        connections: list[Any] = list(self.server_state.connections)
+        return {conn.client for conn in connections if getattr(conn, "client", None)}
 
     async def main_loop(self) -> None:
         # uvicorn polls should_exit every 0.1 s; we wake on an event so exit follows the
@@ -253,7 +248,7 @@ class _Supervisor(Multiprocess):
 def _worker_app() -> ASGIApp:
     """App factory for ``--workers N``: each spawned worker loads the app itself, its variables inherited."""
     app, middleware = load_app(os.environ[_APP_ENV])
-    core(middleware.drain).signals_owner = "graceful run --workers"  # the supervisor drains the workers
+    core(middleware.drain).set_launcher("graceful run --workers")  # the supervisor drains the workers
     return app
 
 

@@ -364,8 +364,8 @@ async def test_admit_during_propagation_admits_until_the_window_ends() -> None:
 
 async def test_pinned_connection_is_served_once_after_the_window() -> None:
     mw = make(streaming_app(1), admit_during_propagation=True)
+    core(mw.drain).set_launcher("a test", lambda: {("127.0.0.1", 50000)})  # its open connection, pinned
     mw.drain.begin_drain("test", propagation_wait=0)
-    core(mw.drain).pinned.add(("127.0.0.1", 50000))
     first, second = Recorder(mw.drain), Recorder(mw.drain)
     await mw(http_scope(), no_body, first)
     await mw(http_scope(), no_body, second)
@@ -393,7 +393,6 @@ async def test_a_connection_busy_at_the_drain_start_is_pinned_by_the_middleware_
         tg.start_soon(mw, {**http_scope("/stream"), "client": a}, no_body, streaming)
         await anyio.wait_all_tasks_blocked()
         mw.drain.begin_drain("preStop", propagation_wait=0)
-        assert core(mw.drain).pinned == {a}
         gate.set()
     replies = [Recorder(mw.drain) for _ in range(3)]
     for reply, peer in zip(replies, (a, a, b)):
@@ -745,9 +744,9 @@ async def test_work_admitted_after_the_drain_ended_is_waited_for_within_the_same
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     mw = make(app, admit_during_propagation=True)
+    core(mw.drain).set_launcher("a test", lambda: {("127.0.0.1", 50000)})  # its open connection, pinned
     first = await mw.drain.drain(propagation_wait=0, timeout=10)
     assert first.drained
-    core(mw.drain).pinned.add(("127.0.0.1", 50000))
     rec = Recorder(mw.drain)
     results: list[object] = []
     async with anyio.create_task_group() as tg:
@@ -774,8 +773,8 @@ async def test_work_admitted_after_the_drain_ended_meets_the_original_deadline()
         await anyio.sleep_forever()
 
     mw = make(app, admit_during_propagation=True)
+    core(mw.drain).set_launcher("a test", lambda: {("127.0.0.1", 50000), ("127.0.0.1", 50001)})
     assert (await mw.drain.drain(propagation_wait=0, timeout=0.3)).drained
-    core(mw.drain).pinned.add(("127.0.0.1", 50000))
     rec = Recorder(mw.drain)
     async with anyio.create_task_group() as tg:
         tg.start_soon(mw, http_scope(), no_body, rec)
@@ -785,9 +784,8 @@ async def test_work_admitted_after_the_drain_ended_meets_the_original_deadline()
     assert joined.result == "timeout" and joined.truncated == 1
     assert json.loads(rec.messages[1]["body"][len(b"data: ") :])["error"]["type"] == "server_shutdown"
     # After the deadline a pinned connection is refused like any other.
-    core(mw.drain).pinned.add(("127.0.0.1", 50000))
     late = Recorder(mw.drain)
-    await mw(http_scope(), no_body, late)
+    await mw({**http_scope(), "client": ("127.0.0.1", 50001)}, no_body, late)
     assert late.status == 503
 
 

@@ -9,7 +9,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Histogram as PromHistogram
 
-from graceful._drain import _ledger
 from graceful._drain._advice import Evidence, advise, outlook
 from graceful._drain._budget import Budget
 from graceful._drain._ledger import COMPLETED, Ledger, Tracked
@@ -66,14 +65,11 @@ def test_bad_observations_are_refused() -> None:
         histogram(1.0).merged(Histogram((1.0,), (1, 0)))
 
 
-def test_the_sweep_counts_finished_work_by_kind_rounded_up_by_less_than_its_period(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_sweep_counts_finished_work_by_kind_rounded_up_by_less_than_its_period() -> None:
     """The ledger's own clock, a sweep every 0.25 s (the lifespan's are 0.1 s apart): work seen in
     flight by a sweep counts from its admission to the first sweep after its end; work that came
     and went between two sweeps counts as plain, at the time between them."""
     clock = [100.0]
-    monkeypatch.setattr(_ledger, "_monotonic", lambda: clock[0])
 
     class Work(Tracked):
         __slots__ = ("last",)
@@ -83,7 +79,7 @@ def test_the_sweep_counts_finished_work_by_kind_rounded_up_by_less_than_its_peri
             self.last = b"frame" if streamed else None
 
     tally = Tally()
-    ledger = Ledger(tally)
+    ledger = Ledger(tally, clock=lambda: clock[0])
     running: dict[str, Work] = {}
     ends = {
         "stream-7s": (7.0, True),

@@ -298,10 +298,12 @@ async def test_a_follow_up_run_waits_for_work_admitted_after_the_drain() -> None
     """A pinned connection's one more request arrives after the drain has drained: a second
     drain() waits for it within the same deadline."""
     drain = serving(admit_during_propagation=True)
-    core(drain).pinned.add("peer")
+    core(drain).set_launcher("a test", lambda: {"peer"})  # an open connection, pinned at the drain's start
     first = await drain.drain(timeout=5)
     assert first.drained
-    assert core(drain).admit_arrival("peer") is True  # its one more request
+    assert core(drain).admit_arrival() is False  # the propagation phase is over
+    assert core(drain).admit_pinned("peer") is True  # its one more request
+    assert core(drain).admit_pinned("peer") is False  # once
     item = Item(core(drain).ledger)
     assert core(drain).ledger.admit_item(item)
     async with anyio.create_task_group() as tg:
@@ -320,17 +322,17 @@ async def test_a_follow_up_run_waits_for_work_admitted_after_the_drain() -> None
 
 async def test_a_pinned_peer_is_refused_after_the_deadline() -> None:
     drain = serving(admit_during_propagation=True)
-    core(drain).pinned.add("peer")
+    core(drain).set_launcher("a test", lambda: {"peer"})
     await drain.drain(timeout=0.05)
     await anyio.sleep(0.1)  # past the deadline
-    assert core(drain).admit_arrival("peer") is False
-    assert core(drain).admit_arrival(None) is False
+    assert core(drain).admit_pinned("peer") is False
+    assert core(drain).admit_pinned(None) is False
 
 
 async def test_refuse_mode_refuses_during_the_wait_and_counts_the_arrival() -> None:
     drain = serving(admit_during_propagation=False)
     drain.begin_drain("preStop", propagation_wait=5, timeout=10)
-    assert core(drain).admit_arrival("anyone") is False
+    assert core(drain).admit_arrival() is False
     assert drain.status().last_request is not None
     drain.resume()
     assert core(drain).admit_arrival() is True

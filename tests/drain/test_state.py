@@ -322,7 +322,7 @@ async def test_a_pod_deleted_while_still_loading_drains_at_once() -> None:
     result = await drain.drain(timeout=1)
     assert result.drained and drain.state is State.DRAINING
     assert drain.since >= before
-    assert not core(drain).admit_arrival(("127.0.0.1", 1))
+    assert not core(drain).admit_arrival()
 
 
 async def test_tracked_job_cancelled_from_outside_is_counted_cancelled() -> None:
@@ -348,11 +348,11 @@ async def test_admits_during_the_propagation_wait_by_default() -> None:
     assert drain.config.admit_during_propagation is True
     drain.begin_drain("test", propagation_wait=20)
     assert drain.state is State.DRAINING and not drain.accepting
-    assert core(drain).admit_arrival(("127.0.0.1", 1))
+    assert core(drain).admit_arrival()
     refusing = Drain(grace_period=30, reserve=5, admit_during_propagation=False)
     refusing.mark_serving()
     refusing.begin_drain("test", propagation_wait=20)
-    assert not core(refusing).admit_arrival(("127.0.0.1", 1))
+    assert not core(refusing).admit_arrival()
     ended = serving()
     ended.begin_drain("test", propagation_wait=0)
-    assert not core(ended).admit_arrival(("127.0.0.1", 1))
+    assert not core(ended).admit_arrival()

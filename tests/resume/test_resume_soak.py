@@ -184,8 +184,8 @@ async def test_a_handing_off_replica_refuses_a_resumable_request_it_would_only_h
     async with replica("a", handoff_streams=True) as a:
         drain = a.app.drain
         pinned = [await anyio.connect_tcp("127.0.0.1", a.port) for _ in range(2)]
-        for connection in pinned:
-            core(drain).pinned.add(connection.extra(anyio.abc.SocketAttribute.local_address))
+        peers = {connection.extra(anyio.abc.SocketAttribute.local_address) for connection in pinned}
+        core(drain).set_launcher("a test", lambda: peers)  # as graceful run pins its open connections
         async with anyio.create_task_group() as tg, httpx.AsyncClient(timeout=30) as client:
             body = {**chat, "max_tokens": 400, "stream": True}
             async with client.stream("POST", f"http://127.0.0.1:{a.port}/v1/chat/completions", json=body) as held:

@@ -22,7 +22,6 @@ from prometheus_client import CollectorRegistry
 from graceful import GracefulMiddleware, State
 from graceful._admin._server import is_listening
 from graceful._asgi._stop import REPEAT_WINDOW
-from graceful._drain._state import core
 from graceful._serve._server import GracefulServer
 from tests.apps.streaming import app as streaming_app
 from tests.servers import Launched
@@ -312,7 +311,6 @@ async def test_connections_open_at_drain_start_get_one_more_request(registry: Co
         async with httpx.AsyncClient(base_url=base) as pinned, httpx.AsyncClient(base_url=base) as fresh:
             assert (await pinned.get("/hello")).status_code == 200
             mw.drain.begin_drain("test")
-            assert len(core(mw.drain).pinned) == 1
             with anyio.fail_after(5):  # new connections are served until the propagation wait ends
                 while (refused := await fresh.get("/hello", headers={"connection": "close"})).status_code == 200:
                     pass
