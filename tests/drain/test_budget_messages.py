@@ -1,7 +1,6 @@
-"""The budget and the budget rule in the detail that mutation testing asks of them (docs/testing.md,
-"Mutation testing"): which bound a refusal names when two bounds tie, the words of the preStop hook's
-flags, a hook without a grace period, the default reserve of a budget built directly, negative
-durations with units, and the errors word for word, with the variable a value came from."""
+"""The budget's and the budget rule's messages, word for word: which bound a refusal names when two
+bounds tie, the words of the preStop hook's flags, a hook without a grace period, the default reserve
+of a budget built directly, negative durations with units, and the variable a value came from."""
 
 from __future__ import annotations
 
