@@ -177,7 +177,7 @@ class GracefulMiddleware:
             # Admission's fast path: while SERVING under the reject_over limit there is nothing to decide.
             if inner.state is not SERVING or (limit is not None and len(admissions) >= limit):
                 reason = self._refusal(scope)
-                if reason is None and drain.state is DRAINING:  # admission="fits": would it finish in time?
+                if reason is None and inner.state is DRAINING:  # admission="fits": would it finish in time?
                     receive, reason = await judge(self.shared, scope, receive)
                 if reason is not None:
                     return await self._refuse(scope, receive, send, reason)
