@@ -46,6 +46,13 @@ __all__ = ["OPT_IN", "ResumeHandler", "handler", "opted_in"]
 OPT_IN = "graceful_resume"
 # The calls that stream chat or completions (LiteLLM's CallTypes values).
 _STREAMING_CALLS = frozenset({"acompletion", "atext_completion"})
+# A Responses call: resumed here where LiteLLM sends it to the deployment's own /v1/responses. Where it
+# bridges it to a chat call, that chat call comes through this hook itself, as "acompletion".
+_RESPONSES = "aresponses"
+# How a deployment asks LiteLLM for its Responses-to-chat bridge: the flag in its litellm_params, or this
+# prefix on its model (litellm/responses/main.py).
+_BRIDGE_FLAG = "use_chat_completions_api"
+_BRIDGE_PREFIX = "openai/chat_completions/"
 # Where LiteLLM's own OpenAI client goes when a deployment names no api_base (litellm/main.py).
 _OPENAI_BASE = "https://api.openai.com/v1"
 
@@ -73,28 +80,38 @@ class ResumeHandler(CustomLogger):  # type: ignore[misc]  # LiteLLM is not typed
             or kwargs.get("stream") is not True
         ):
             return None
-        if getattr(call_type, "value", call_type) not in _STREAMING_CALLS:
+        call = getattr(call_type, "value", call_type)
+        if call not in _STREAMING_CALLS and not (call == _RESPONSES and not _bridged(kwargs)):
             return None
-        client = self._client_for(kwargs)
+        client = self._client_for(kwargs, call)
         if client is None:
             return None
         kwargs["client"] = client
         return kwargs
 
-    def _client_for(self, kwargs: dict[str, Any]) -> Any:
+    def _client_for(self, kwargs: dict[str, Any], call: str) -> Any:
         """A client like the one LiteLLM would make for this call, its transport wrapped; None to leave it."""
-        _, provider, _, _ = litellm.get_llm_provider(
+        _, provider, _, found_base = litellm.get_llm_provider(
             model=kwargs["model"],
             custom_llm_provider=kwargs.get("custom_llm_provider"),
             api_base=kwargs.get("api_base"),
         )
+        if provider not in ("hosted_vllm", "openai"):
+            return None
         ssl_verify = kwargs.get("ssl_verify")
         session = kwargs.get("shared_session")
-        if provider == "openai" and not get_secret_bool("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER"):
-            # LiteLLM's openai/ path calls the openai SDK (litellm/llms/openai/openai.py), which takes
-            # its endpoint and key from the client it is given.
+        if call == "atext_completion" or (
+            call == "acompletion"
+            and provider == "openai"
+            and not get_secret_bool("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER")
+        ):
+            # These calls go through the openai SDK, which takes its endpoint and key from the client it is
+            # given: openai/'s chat calls (litellm/llms/openai/openai.py) and every text completion, of
+            # hosted_vllm/ too (litellm/main.py sends openai_text_completion_compatible_providers' to
+            # litellm/llms/openai/completion/handler.py).
             api_base = (
                 kwargs.get("api_base")
+                or found_base
                 or litellm.api_base
                 or get_secret_str("OPENAI_BASE_URL")
                 or get_secret_str("OPENAI_API_BASE")
@@ -120,14 +137,20 @@ class ResumeHandler(CustomLogger):  # type: ignore[misc]  # LiteLLM is not typed
                     http_client=http,  # type: ignore[arg-type]
                 )
             return self._clients[key]
-        if provider in ("hosted_vllm", "openai"):
-            # LiteLLM's own HTTP handler (litellm/llms/custom_httpx/llm_http_handler.py) takes a handler
-            # as the call's client and sends to the deployment's api_base itself.
-            key = _key(provider, ssl_verify)
-            if key not in self._clients:
-                self._clients[key] = AsyncHTTPHandler(transport=AsyncResumingTransport(_inner(ssl_verify, session)))
-            return self._clients[key]
-        return None
+        # LiteLLM's own HTTP handler (litellm/llms/custom_httpx/llm_http_handler.py) takes a handler as the
+        # call's client and sends to the deployment's api_base itself: hosted_vllm/'s chat calls (and
+        # openai/'s under EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER), and every native Responses call
+        # (async_response_api_handler, which litellm/responses/main.py hands the call's client).
+        key = _key(provider, ssl_verify)
+        if key not in self._clients:
+            self._clients[key] = AsyncHTTPHandler(transport=AsyncResumingTransport(_inner(ssl_verify, session)))
+        return self._clients[key]
+
+
+def _bridged(kwargs: dict[str, Any]) -> bool:
+    """Whether LiteLLM bridges this Responses call to a chat call (which this hook then sees as one)."""
+    model = kwargs.get("model")
+    return bool(kwargs.get(_BRIDGE_FLAG)) or (isinstance(model, str) and model.startswith(_BRIDGE_PREFIX))
 
 
 def _inner(ssl_verify: Any, session: Any) -> httpx.AsyncBaseTransport:

@@ -28,6 +28,7 @@ from tests.utils import ROOT
 
 PYTHON = Path(ROOT) / ".litellm" / "venv" / "bin" / "python"
 NODE_CLIENT = Path(ROOT) / "tests" / "node" / "stream.mjs"
+NODE_RESPONSES = Path(ROOT) / "tests" / "node" / "responses.mjs"
 NODE_SDK = Path(ROOT) / "tests" / "node" / "node_modules" / "openai"
 MASTER_KEY = "sk-graceful-test"
 # docs/litellm.md's config and its command for the gateway's own drain: every proxy here takes the config's
@@ -161,11 +162,51 @@ class Answer:
         assert self.usage is not None and self.usage["completion_tokens"] == tokens, self.usage
 
 
-def request_body(model: str, max_tokens: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The chat request every caller sends; ``extra`` adds fields (vLLM's ``return_token_ids``, sampling)."""
+@dataclass
+class ResponsesAnswer:
+    """What one caller read of a Responses stream: the response ids and item ids its events named, their
+    sequence numbers, the text of its deltas, and the final response (``response.completed``'s, or
+    ``response.incomplete``'s where LiteLLM's bridge ends so: the event, its id, status, whole text and usage);
+    ``error`` where it read ``response.failed`` or ``error``, or its client failed."""
+
+    ids: set[str] = field(default_factory=set)
+    items: set[str] = field(default_factory=set)
+    sequence: list[int] = field(default_factory=list)
+    text: str = ""
+    final: dict[str, Any] | None = None
+    error: str | None = None
+
+    def assert_like(self, uncut: ResponsesAnswer) -> None:
+        """One response, equal to the uncut one: one id, one run of sequence numbers as long as the uncut
+        run's, its text, and the same final event with the whole text, the status and the usage."""
+        assert self.error is None, self.error
+        assert uncut.error is None and uncut.final is not None, uncut
+        assert len(self.ids) == 1 and len(self.items) <= 1, (self.ids, self.items)
+        assert self.sequence == list(range(len(uncut.sequence))), (self.sequence, len(uncut.sequence))
+        assert self.text == uncut.text, (self.text[:80], uncut.text[:80])
+        assert self.final is not None and self.final["id"] in self.ids, self.final
+        assert self.final["text"] == uncut.final["text"] == uncut.text, self.final["text"][:80]
+        assert (self.final["event"], self.final["status"]) == (uncut.final["event"], uncut.final["status"]), self.final
+        counts = ("input_tokens", "output_tokens", "total_tokens")
+        usage, want = self.final["usage"], uncut.final["usage"]
+        assert {name: usage[name] for name in counts} == {name: want[name] for name in counts}, (usage, want)
+
+
+API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses"}
+
+
+def request_body(
+    model: str, max_tokens: int, extra: dict[str, Any] | None = None, *, api: str = "chat"
+) -> dict[str, Any]:
+    """The request every caller of ``api`` sends; ``extra`` adds fields (vLLM's ``return_token_ids``, sampling)."""
+    if api == "responses":
+        return {"model": model, "input": PROMPT, "max_output_tokens": max_tokens, "stream": True, **(extra or {})}
+    asked: dict[str, Any] = (
+        {"prompt": PROMPT} if api == "completions" else {"messages": [{"role": "user", "content": PROMPT}]}
+    )
     return {
         "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
+        **asked,
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -178,27 +219,42 @@ def node_available() -> bool:
 
 
 class Caller:
-    """One client process streaming one chat completion through the proxy, its output read in a thread.
+    """One client process streaming one answer through the proxy, its output read in a thread.
 
-    ``kind`` is ``curl`` (``curl -N``: the raw event stream, as any client in any language reads it)
-    or ``node`` (the openai SDK for Node, tests/node/stream.mjs). ``reading`` is set once 5 lines have come.
-    ``extra`` adds fields to curl's request body (stream.mjs sends its own).
+    ``kind`` is ``curl`` (``curl -N``: the raw event stream, as any client in any language reads it, of any
+    ``api``: ``chat``, ``completions`` or ``responses``), ``node`` (the openai SDK for Node streaming a chat
+    completion, tests/node/stream.mjs), or ``node-create`` and ``node-stream`` (its ``responses.create({stream:
+    true})`` and ``responses.stream()``, tests/node/responses.mjs). ``reading`` is set once 5 lines have come.
+    ``extra`` adds fields to curl's request body (the Node scripts send their own).
     """
 
     def __init__(
-        self, kind: str, base: str, model: str, max_tokens: int, *, extra: dict[str, Any] | None = None
+        self,
+        kind: str,
+        base: str,
+        model: str,
+        max_tokens: int,
+        *,
+        extra: dict[str, Any] | None = None,
+        api: str = "chat",
     ) -> None:
         if extra and kind != "curl":
             raise ValueError(f"extra request fields are sent by curl only, not by {kind!r}")
+        if kind != "curl" and api != ("responses" if kind.startswith("node-") else "chat"):
+            raise ValueError(f"{kind!r} does not call {api!r}")
         self.kind = kind
+        self.api = api
         if kind == "curl":
             command = [
-                "curl", "-sS", "-N", "--max-time", "120", base + "/v1/chat/completions",
+                "curl", "-sS", "-N", "--max-time", "120", base + API_PATHS[api],
                 "-H", "content-type: application/json", "-H", f"authorization: Bearer {MASTER_KEY}",
-                "-d", json.dumps(request_body(model, max_tokens, extra)),
+                "-d", json.dumps(request_body(model, max_tokens, extra, api=api)),
             ]  # fmt: skip
-        else:
+        elif kind == "node":
             command = ["node", str(NODE_CLIENT), base + "/v1", model, str(max_tokens), MASTER_KEY]
+        else:
+            how = kind.removeprefix("node-")
+            command = ["node", str(NODE_RESPONSES), base + "/v1", model, str(max_tokens), MASTER_KEY, how]
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=NODE_CLIENT.parent, text=True
         )
@@ -217,7 +273,19 @@ class Caller:
         self.reading.set()
 
     def answer(self, limit: float = 150) -> Answer:
-        """Wait for the client to end (bounded), then what it read."""
+        """Wait for the client of a chat or completion to end (bounded), then what it read."""
+        answer = self.ended(limit)
+        assert isinstance(answer, Answer), answer
+        return answer
+
+    def responses_answer(self, limit: float = 150) -> ResponsesAnswer:
+        """Wait for the client of a Responses stream to end (bounded), then what it read."""
+        answer = self.ended(limit)
+        assert isinstance(answer, ResponsesAnswer), answer
+        return answer
+
+    def ended(self, limit: float = 150) -> Answer | ResponsesAnswer:
+        """Wait for the client to end (bounded), then what it read, of whichever API it called."""
         self.thread.join(limit)
         assert not self.thread.is_alive(), f"{self.kind} still reading after {limit}s"
         code = self.process.wait(10)
@@ -225,7 +293,11 @@ class Caller:
         err = self.process.stderr.read()
         self.process.stdout.close()
         self.process.stderr.close()
-        answer = parse_curl(self.lines) if self.kind == "curl" else parse_node(self.lines)
+        answer: Answer | ResponsesAnswer
+        if self.api == "responses":
+            answer = parse_responses(self.lines) if self.kind == "curl" else parse_node_responses(self.lines)
+        else:
+            answer = parse_curl(self.lines) if self.kind == "curl" else parse_node(self.lines)
         if code:
             answer.error = f"{self.kind} exited {code}: {err}"
         return answer
@@ -247,7 +319,7 @@ def parse_curl(lines: list[str]) -> Answer:
         answer.chunks += 1
         answer.ids.add(event["id"])
         for choice in event.get("choices") or []:
-            answer.text += (choice.get("delta") or {}).get("content") or ""
+            answer.text += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
             answer.token_ids += choice.get("token_ids") or []
             if choice.get("finish_reason"):
                 answer.finishes.append(choice["finish_reason"])
@@ -266,6 +338,52 @@ def parse_node(lines: list[str]) -> Answer:
             end = record["end"]
             answer.text, answer.finishes, answer.usage = end["text"], end["finishes"], end["usage"]
             answer.ids = set(end["ids"])
+        elif "error" in record:
+            answer.error, answer.text = record["error"], record["text"]
+    return answer
+
+
+def parse_responses(lines: list[str]) -> ResponsesAnswer:
+    """What ``curl -N`` read of a Responses stream (``event:`` and ``data:`` lines)."""
+    answer = ResponsesAnswer()
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[6:])
+        kind = event.get("type")
+        answer.sequence.append(event.get("sequence_number"))
+        response = event.get("response") or {}
+        if response.get("id"):
+            answer.ids.add(response["id"])
+        item = event.get("item_id") or (event.get("item") or {}).get("id")
+        if item:
+            answer.items.add(item)
+        if kind == "response.output_text.delta":
+            answer.text += event["delta"]
+        elif kind in ("response.completed", "response.incomplete"):
+            text = "".join(
+                part.get("text") or "" for out in response.get("output") or [] for part in out.get("content") or []
+            )
+            answer.final = {"event": kind, "id": response.get("id"), "status": response.get("status"), "text": text,
+                            "usage": response.get("usage")}  # fmt: skip
+        elif kind in ("response.failed", "error"):
+            answer.error = json.dumps(event)[:2000]
+    return answer
+
+
+def parse_node_responses(lines: list[str]) -> ResponsesAnswer:
+    """What tests/node/responses.mjs read: its last line says it all."""
+    answer = ResponsesAnswer()
+    for line in lines:
+        record = json.loads(line)
+        if "end" in record:
+            end = record["end"]
+            answer.ids, answer.sequence, answer.text, answer.final = (
+                set(end["ids"]),
+                end["sequence"],
+                end["text"],
+                end["final"],
+            )
         elif "error" in record:
             answer.error, answer.text = record["error"], record["text"]
     return answer
