@@ -15,7 +15,7 @@ import yaml  # type: ignore[import-untyped]
 from examples.server import Config, create_app
 from graceful import Budget, parse_duration
 from graceful._asgi._options import DECLARED, DEFAULTS
-from graceful._drain._environ import from_environ
+from graceful._drain._environ import Given
 
 pytestmark = pytest.mark.anyio
 
@@ -226,7 +226,7 @@ def test_vllm_with_the_middleware_probes_it_and_keeps_its_own_pages() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == DEFAULTS["ready_path"]
     assert container["startupProbe"]["httpGet"]["path"] == DEFAULTS["startup_path"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    exempt = from_environ(DECLARED, ["exempt_paths"], env(container))[0]["exempt_paths"]
+    exempt = Given(DECLARED, env(container), {}).value("exempt_paths")
     assert set(exempt) >= {"/health", "/metrics"}
     (mount,) = container["volumeMounts"]
     assert env(container)["VLLM_LOGGING_CONFIG_PATH"].startswith(mount["mountPath"] + "/")

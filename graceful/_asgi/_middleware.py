@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from .._drain._admission import Admission
 from .._drain._core import Duration
-from .._drain._environ import UNSET
+from .._drain._environ import UNSET, Unset
 from .._drain._errors import ConfigError, reported
 from .._drain._ledger import ERROR, NO_LIMIT
-from .._drain._options import DRAIN_OPTIONS, Hook
+from .._drain._options import Hook
 from .._drain._state import Drain, core
 from .._drain._status import DRAINING, SERVING, State
 from ._admission import judge
@@ -25,7 +25,7 @@ from ._answers import json_response, probe_body
 from ._frames import FinalFrame
 from ._http import Call, peer_of, resumable
 from ._lifecycle import Lifecycle
-from ._options import MIDDLEWARE_DECLARED, MiddlewareConfig
+from ._options import MiddlewareConfig
 from ._refusal import REFUSAL, reject, reject_websocket
 from ._shared import Shared
 from ._types import ASGIApp, Receive, Scope, Send
@@ -59,36 +59,36 @@ class GracefulMiddleware:
         drain: Drain | None = None,
         *,
         registry: CollectorRegistry | None = None,
-        ready_path: str = UNSET,
-        live_path: str = UNSET,
-        startup_path: str = UNSET,
-        exempt_paths: Iterable[str] = UNSET,
-        metrics_path: str | None = UNSET,
-        retry_after: int = UNSET,
-        max_in_flight: int | None = UNSET,
-        reject_over: int | None = UNSET,
-        live_check: Callable[[], bool] | None = UNSET,
-        fail_liveness: bool = UNSET,
-        ready_on_startup: bool = UNSET,
-        request_id_header: str | None = UNSET,
-        admin: bool = UNSET,
-        socket_dir: str | None = UNSET,
-        socket_mode: int = UNSET,
-        final_frame: FinalFrame = UNSET,
-        announce_drain: bool = UNSET,
-        grace_period: Duration = UNSET,
-        reserve: Duration = UNSET,
-        drain_timeout: Duration = UNSET,
-        propagation_wait: Duration = UNSET,
-        propagation_quiet: Duration = UNSET,
-        admit_during_propagation: bool = UNSET,
-        handoff_streams: bool = UNSET,
-        admission: Admission = UNSET,
-        on_drain_start: Hook | None = UNSET,
-        on_drained: Hook | None = UNSET,
-        hook_timeout: Duration = UNSET,
-        unwind_timeout: Duration = UNSET,
-        drain_on_sigterm: bool = UNSET,
+        ready_path: str | Unset = UNSET,
+        live_path: str | Unset = UNSET,
+        startup_path: str | Unset = UNSET,
+        exempt_paths: Iterable[str] | Unset = UNSET,
+        metrics_path: str | None | Unset = UNSET,
+        retry_after: int | Unset = UNSET,
+        max_in_flight: int | None | Unset = UNSET,
+        reject_over: int | None | Unset = UNSET,
+        live_check: Callable[[], bool] | None | Unset = UNSET,
+        fail_liveness: bool | Unset = UNSET,
+        ready_on_startup: bool | Unset = UNSET,
+        request_id_header: str | None | Unset = UNSET,
+        admin: bool | Unset = UNSET,
+        socket_dir: str | None | Unset = UNSET,
+        socket_mode: int | Unset = UNSET,
+        final_frame: FinalFrame | Unset = UNSET,
+        announce_drain: bool | Unset = UNSET,
+        grace_period: Duration | Unset = UNSET,
+        reserve: Duration | Unset = UNSET,
+        drain_timeout: Duration | Unset = UNSET,
+        propagation_wait: Duration | Unset = UNSET,
+        propagation_quiet: Duration | Unset = UNSET,
+        admit_during_propagation: bool | Unset = UNSET,
+        handoff_streams: bool | Unset = UNSET,
+        admission: Admission | Unset = UNSET,
+        on_drain_start: Hook | None | Unset = UNSET,
+        on_drained: Hook | None | Unset = UNSET,
+        hook_timeout: Duration | Unset = UNSET,
+        unwind_timeout: Duration | Unset = UNSET,
+        drain_on_sigterm: bool | Unset = UNSET,
         **unknown: Never,
     ) -> None:
         if unknown:
@@ -96,23 +96,57 @@ class GracefulMiddleware:
                 f"GracefulMiddleware got unknown option(s) {sorted(unknown)}; "
                 "see the option tables in docs/middleware.md"
             )
-        given = locals()
         if not callable(app):
             raise TypeError(f"GracefulMiddleware: app must be an ASGI application (a callable), got {app!r}")
+        if drain is not None and not isinstance(drain, Drain):
+            raise TypeError(f"GracefulMiddleware: drain must be a Drain (or None for a new one), got {drain!r}")
+        # The drain options go to the Drain made here; an existing one keeps its own.
+        drain_options: dict[str, Any] = {
+            "grace_period": grace_period,
+            "reserve": reserve,
+            "drain_timeout": drain_timeout,
+            "propagation_wait": propagation_wait,
+            "propagation_quiet": propagation_quiet,
+            "admit_during_propagation": admit_during_propagation,
+            "handoff_streams": handoff_streams,
+            "admission": admission,
+            "on_drain_start": on_drain_start,
+            "on_drained": on_drained,
+            "hook_timeout": hook_timeout,
+            "unwind_timeout": unwind_timeout,
+            "drain_on_sigterm": drain_on_sigterm,
+        }
+        passed = sorted(name for name, value in drain_options.items() if value is not UNSET)
+        if drain is not None and passed:
+            raise TypeError(
+                f"pass {passed} to Drain(...) or leave drain=None; "
+                "GracefulMiddleware cannot reconfigure an existing Drain"
+            )
         # An option not passed comes from its GRACEFUL_* variable, else its default, so a server that
         # loads the middleware by name (vllm serve --middleware) is configured by its environment.
         # Every value is checked here, never first at startup or at a request; a wrong one is raised
         # as the server that imports the app reports in one line (``reported``).
-        drain_options = {name: given[name] for name in DRAIN_OPTIONS if given[name] is not UNSET}
-        if drain is not None and not isinstance(drain, Drain):
-            raise TypeError(f"GracefulMiddleware: drain must be a Drain (or None for a new one), got {drain!r}")
-        if drain is not None and drain_options:
-            raise TypeError(
-                f"pass {sorted(drain_options)} to Drain(...) or leave drain=None; "
-                "GracefulMiddleware cannot reconfigure an existing Drain"
-            )
+        given = {
+            "ready_path": ready_path,
+            "live_path": live_path,
+            "startup_path": startup_path,
+            "exempt_paths": exempt_paths,
+            "metrics_path": metrics_path,
+            "retry_after": retry_after,
+            "max_in_flight": max_in_flight,
+            "reject_over": reject_over,
+            "live_check": live_check,
+            "fail_liveness": fail_liveness,
+            "ready_on_startup": ready_on_startup,
+            "request_id_header": request_id_header,
+            "admin": admin,
+            "socket_dir": socket_dir,
+            "socket_mode": socket_mode,
+            "final_frame": final_frame,
+            "announce_drain": announce_drain,
+        }
         try:
-            options = MiddlewareConfig.resolve({name: given[name] for name in MIDDLEWARE_DECLARED}, os.environ)
+            options = MiddlewareConfig.resolve(given, os.environ)
             if drain is None:
                 drain = Drain(**drain_options)
         except ConfigError as exc:

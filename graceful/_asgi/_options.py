@@ -22,35 +22,33 @@ from typing import Any
 
 from .._admin._paths import SOCKET_MODE, socket_dir_problem
 from .._drain._environ import (
+    COUNT,
+    FLAG,
+    WHOLE_SECONDS,
     Env,
+    Given,
+    Kind,
     callable_kind,
-    count,
     declared,
-    flag,
-    from_environ,
     is_none,
     option,
     option_rows,
     table_rows,
     variable,
-    whole_seconds,
 )
 from .._drain._errors import ConfigError
-from .._drain._options import DRAIN_DECLARED, check_given
+from .._drain._options import DRAIN_DECLARED
 from ._frames import FinalFrame, default_final_frame
 
 __all__ = ["DECLARED", "DEFAULTS", "MIDDLEWARE_DECLARED", "MiddlewareConfig", "environment_rows", "middleware_rows"]
 
-# -- the middleware's kinds of value: each a reader (variable, text) and a check (option, value) ------
+# -- the middleware's kinds of value: each a reader (variable's text) and a check (value given in code) -----
+# They raise ConfigError with the value and the fix; ``Given.value`` puts the option or the variable before it.
 
 
-def _refuse(label: str, shown: object, problem: str | None) -> None:
+def _refuse(shown: object, problem: str | None) -> None:
     if problem is not None:
-        raise ConfigError(f"{label}: {shown!r} {problem}")
-
-
-def _env(var: str) -> str:
-    return f"environment variable {var}"
+        raise ConfigError(f"{shown!r} {problem}")
 
 
 def _not_path(value: object) -> str | None:
@@ -59,37 +57,30 @@ def _not_path(value: object) -> str | None:
     return "is not a path; use one that starts with /, e.g. /ready"
 
 
-def _path(var: str, raw: str) -> str:
-    _refuse(_env(var), raw, _not_path(raw))
-    return raw
-
-
-def _check_path(name: str, value: Any) -> str:
-    _refuse(name, value, _not_path(value))
+def _path(value: Any) -> str:
+    _refuse(value, _not_path(value))
     return str(value)
 
 
-def _optional_path(var: str, raw: str) -> str | None:
-    return None if is_none(raw) else _path(var, raw)
+_PATH = Kind(_path, _path)
+_OPTIONAL_PATH = Kind(
+    lambda raw: None if is_none(raw) else _path(raw), lambda value: None if value is None else _path(value)
+)
 
 
-def _check_optional_path(name: str, value: Any) -> str | None:
-    return None if value is None else _check_path(name, value)
+def _read_paths(raw: str) -> tuple[str, ...]:
+    return tuple(_path(part.strip()) for part in raw.split(",") if part.strip())
 
 
-def _paths(var: str, raw: str) -> tuple[str, ...]:
-    return tuple(_path(var, part.strip()) for part in raw.split(",") if part.strip())
-
-
-def _check_paths(name: str, value: Any) -> tuple[str, ...]:
+def _check_paths(value: Any) -> tuple[str, ...]:
     # A lone string would be taken apart letter by letter, "/" first: every request exempt.
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ConfigError(f"{name}: {value!r} is not a list of paths; use e.g. ('/metrics', '/version')")
+        raise ConfigError(f"{value!r} is not a list of paths; use e.g. ('/metrics', '/version')")
     paths = tuple(value)
     for path in paths:
         wrong = _not_path(path)
         if wrong:
-            raise ConfigError(f"{name}: {value!r} holds {path!r}, which {wrong}")
+            raise ConfigError(f"{value!r} holds {path!r}, which {wrong}")
     return paths
 
 
@@ -99,58 +90,49 @@ def _not_header(value: object) -> str | None:
     return "is not a header name; use e.g. x-request-id"
 
 
-def _header(var: str, raw: str) -> str | None:
-    if is_none(raw):
-        return None
-    _refuse(_env(var), raw, _not_header(raw))
-    return raw
-
-
-def _check_header(name: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    _refuse(name, value, _not_header(value))
+def _header(value: Any) -> str:
+    _refuse(value, _not_header(value))
     return str(value)
 
+
+_HEADER = Kind(
+    lambda raw: None if is_none(raw) else _header(raw), lambda value: None if value is None else _header(value)
+)
 
 _MODES = {"600": 0o600, "660": 0o660}
 
 
-def _mode(var: str, raw: str) -> int:
+def _read_mode(raw: str) -> int:
     text = raw.lower().removeprefix("0o").lstrip("0")
     if text not in _MODES:
-        raise ConfigError(
-            f"{_env(var)}: {raw!r} is not an allowed socket mode; use 0600 (owner only, the default) or 0660 (group)"
-        )
+        raise ConfigError(f"{raw!r} is not an allowed socket mode; use 0600 (owner only, the default) or 0660 (group)")
     return _MODES[text]
 
 
-def _check_mode(name: str, value: Any) -> int:
+def _check_mode(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         if value in _MODES.values():
             return value
         if str(value) in _MODES:  # 600 written for 0o600
-            raise ConfigError(f"{name}: {value} is a decimal number, not a file mode; write it in octal: 0o{value}")
+            raise ConfigError(f"{value} is a decimal number, not a file mode; write it in octal: 0o{value}")
         shown = f"{value:#o}"  # as a mode is written: 0o777, not 511
     else:
         shown = repr(value)
-    raise ConfigError(
-        f"{name}: {shown} is not an allowed socket mode; use 0o600 (owner only, the default) or 0o660 (group)"
-    )
+    raise ConfigError(f"{shown} is not an allowed socket mode; use 0o600 (owner only, the default) or 0o660 (group)")
 
 
-def _socket_dir(var: str, raw: str) -> str:
-    _refuse(_env(var), raw, _dir_problem(raw))
+def _read_socket_dir(raw: str) -> str:
+    _refuse(raw, _dir_problem(raw))
     return raw
 
 
-def _check_socket_dir(name: str, value: Any) -> str | None:
+def _check_socket_dir(value: Any) -> str | None:
     if value is None:
         return None
     path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(path, str) or not path:
-        raise ConfigError(f"{name}: {value!r} is not a directory; use a path such as /tmp/graceful")
-    _refuse(name, value, _dir_problem(path))
+        raise ConfigError(f"{value!r} is not a directory; use a path such as /tmp/graceful")
+    _refuse(value, _dir_problem(path))
     return path
 
 
@@ -165,8 +147,8 @@ def _dir_problem(path: str) -> str | None:
     return socket_dir_problem(path, look=False)
 
 
-_LIVE_READ, _LIVE_CHECK = callable_kind("a function of no arguments that returns True while live", awaited=False)
-_FRAME_READ, _FRAME_CHECK = callable_kind(
+_LIVE = callable_kind("a function of no arguments that returns True while live", awaited=False)
+_FRAME = callable_kind(
     "a function of the response's content type (bytes) that returns the final frame (bytes) or None",
     awaited=False,
     arguments=(b"",),
@@ -182,92 +164,102 @@ class MiddlewareConfig:
     """The middleware's options, resolved and checked (the drain's are ``DrainConfig``)."""
 
     ready_path: str = option(
-        "/ready", _path, "a path starting with `/`", "the readiness probe's path", shown="`/ready`", check=_check_path
+        default="/ready",
+        kind=_PATH,
+        value="a path starting with `/`",
+        meaning="the readiness probe's path",
+        shown="`/ready`",
     )
-    live_path: str = option("/live", _path, "a path", "the liveness probe's path", shown="`/live`", check=_check_path)
+    live_path: str = option(
+        default="/live", kind=_PATH, value="a path", meaning="the liveness probe's path", shown="`/live`"
+    )
     startup_path: str = option(
-        "/startup", _path, "a path", "the startup probe's path", shown="`/startup`", check=_check_path
+        default="/startup", kind=_PATH, value="a path", meaning="the startup probe's path", shown="`/startup`"
     )
     exempt_paths: Iterable[str] = option(
-        (),
-        _paths,
-        "paths separated by commas (`/metrics,/version`)",
-        "passed to the app but never refused or counted (e.g. `/metrics`)",
+        default=(),
+        kind=Kind(_read_paths, _check_paths),
+        value="paths separated by commas (`/metrics,/version`)",
+        meaning="passed to the app but never refused or counted (e.g. `/metrics`)",
         shown="`()`",
-        check=_check_paths,
     )
     metrics_path: str | None = option(
-        None, _optional_path, "a path, or `none`", "serve the Prometheus page here", check=_check_optional_path
+        default=None, kind=_OPTIONAL_PATH, value="a path, or `none`", meaning="serve the Prometheus page here"
     )
-    retry_after: int = option(1, whole_seconds, "whole seconds", "`Retry-After` seconds on refusals")
+    retry_after: int = option(
+        default=1, kind=WHOLE_SECONDS, value="whole seconds", meaning="`Retry-After` seconds on refusals"
+    )
     max_in_flight: int | None = option(
-        None,
-        count,
-        "a whole number ≥ 1, or `none`",
-        "readiness fails while `in_flight >= max_in_flight` and recovers below it",
+        default=None,
+        kind=COUNT,
+        value="a whole number ≥ 1, or `none`",
+        meaning="readiness fails while `in_flight >= max_in_flight` and recovers below it",
     )
     reject_over: int | None = option(
-        None,
-        count,
-        "a whole number ≥ 1, or `none`",
-        "hard limit: refuse with `server_overloaded` at or above it",
+        default=None,
+        kind=COUNT,
+        value="a whole number ≥ 1, or `none`",
+        meaning="hard limit: refuse with `server_overloaded` at or above it",
     )
     live_check: Callable[[], bool] | None = option(
-        None,
-        _LIVE_READ,
-        _MODULE_FUNCTION,
-        "a callable; `/live` fails when it returns False or raises",
-        check=_LIVE_CHECK,
+        default=None,
+        kind=_LIVE,
+        value=_MODULE_FUNCTION,
+        meaning="a callable; `/live` fails when it returns False or raises",
     )
     fail_liveness: bool = option(
-        False,
-        flag,
-        _FLAG,
-        "`/live` answers 503 once the engine has died (FAILED), so that the kubelet restarts the container; off, "
-        "liveness stays with the app's own health check (see [When the engine dies](#when-the-engine-dies))",
+        default=False,
+        kind=FLAG,
+        value=_FLAG,
+        meaning="`/live` answers 503 once the engine has died (FAILED), so that the kubelet restarts the container; "
+        "off, liveness stays with the app's own health check (see [When the engine dies](#when-the-engine-dies))",
     )
     ready_on_startup: bool = option(
-        True,
-        flag,
-        _FLAG,
-        "False: stay STARTING until `drain.mark_serving()` (weights loaded, warmed up)",
+        default=True,
+        kind=FLAG,
+        value=_FLAG,
+        meaning="False: stay STARTING until `drain.mark_serving()` (weights loaded, warmed up)",
     )
     request_id_header: str | None = option(
-        None,
-        _header,
-        "a header name (`x-request-id`), or `none`",
-        "a header to echo, or generate when the request has none, on every response and refusal (e.g. "
+        default=None,
+        kind=_HEADER,
+        value="a header name (`x-request-id`), or `none`",
+        meaning="a header to echo, or generate when the request has none, on every response and refusal (e.g. "
         '`"x-request-id"`); off by default because it is not drain work and costs about a fifth of the '
         "middleware's per-request instructions",
-        check=_check_header,
     )
     admin: bool = option(
-        True, flag, _FLAG, "serve the private admin socket (see [the admin socket](cli.md#the-admin-socket))"
+        default=True,
+        kind=FLAG,
+        value=_FLAG,
+        meaning="serve the private admin socket (see [the admin socket](cli.md#the-admin-socket))",
     )
     socket_dir: str | None = option(
-        None,
-        _socket_dir,
-        "a directory (also read by `graceful drain`)",
-        "the admin socket's directory",
+        default=None,
+        kind=Kind(_read_socket_dir, _check_socket_dir),
+        value="a directory (also read by `graceful drain`)",
+        meaning="the admin socket's directory",
         shown="see [the admin socket](cli.md#the-admin-socket)",
-        check=_check_socket_dir,
     )
     socket_mode: int = option(
-        SOCKET_MODE, _mode, "`0600` or `0660`", "the admin socket's file mode", shown="0o600", check=_check_mode
+        default=SOCKET_MODE,
+        kind=Kind(_read_mode, _check_mode),
+        value="`0600` or `0660`",
+        meaning="the admin socket's file mode",
+        shown="0o600",
     )
     final_frame: FinalFrame = option(
-        default_final_frame,
-        _FRAME_READ,
-        _MODULE_FUNCTION,
-        "the frame that ends streams at the deadline (see [At the deadline](deadline.md))",
+        default=default_final_frame,
+        kind=_FRAME,
+        value=_MODULE_FUNCTION,
+        meaning="the frame that ends streams at the deadline (see [At the deadline](deadline.md))",
         shown="OpenAI-style SSE / NDJSON",
-        check=_FRAME_CHECK,
     )
     announce_drain: bool = option(
-        True,
-        flag,
-        _FLAG,
-        "from the drain's start, every response carries `x-envoy-immediate-health-check-fail: true`, which "
+        default=True,
+        kind=FLAG,
+        value=_FLAG,
+        meaning="from the drain's start, every response carries `x-envoy-immediate-health-check-fail: true`, which "
         "takes the host out of each Envoy that health-checks it (see [Behind Envoy](gateways.md#behind-envoy))",
     )
     # Not an option: how socket_dir was given (the option, or its variable), for the messages of the startup
@@ -280,17 +272,15 @@ class MiddlewareConfig:
     @classmethod
     def resolve(cls, given: Mapping[str, Any], environ: Mapping[str, str]) -> MiddlewareConfig:
         """Options as passed (``UNSET`` where not), else from their variables in ``environ``, else the
-        defaults; checked."""
-        passed = check_given(MIDDLEWARE_DECLARED, given)
-        found, sources = from_environ(
-            MIDDLEWARE_DECLARED, (name for name in MIDDLEWARE_DECLARED if name not in passed), environ
-        )
-        values = {**found, **passed}
-        given_as = _env(variable("socket_dir")) if "socket_dir" in sources else "socket_dir"
+        defaults; each checked by its kind, a wrong one named as the user gave it (``Given.value``)."""
+        options = Given(MIDDLEWARE_DECLARED, environ, given)
+        values = {name: options.value(name) for name in MIDDLEWARE_DECLARED}
+        from_variable = "socket_dir" in options.from_variables
+        given_as = f"environment variable {variable('socket_dir')}" if from_variable else "socket_dir"
         config = cls(
             **values,
-            socket_dir_name=given_as if values.get("socket_dir") is not None else "",
-            in_code=frozenset(passed),
+            socket_dir_name=given_as if values["socket_dir"] is not None else "",
+            in_code=options.in_code,
         )
         # Two probes on one path: the later one's handler would answer both (a readiness probe
         # answering liveness never fails in a drain).
@@ -299,7 +289,7 @@ class MiddlewareConfig:
             path = getattr(config, name)
             if path is None:
                 continue
-            shown = variable(name) if name in sources else name
+            shown = variable(name) if name in options.from_variables else name
             if path in probes:
                 raise ConfigError(f"{probes[path]} and {shown} are both {path!r}; give each its own path")
             probes[path] = shown

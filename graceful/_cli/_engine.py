@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import click
 
-from .._drain._environ import duration, variable
+from .._drain._environ import parse_duration, variable
 from .._drain._errors import ConfigError
 from .._engine._config import GRACE_SHARE, EngineConfig, EngineDrainResult, EngineProgress
 from .._engine._wait import REFUSED_READS, poll
@@ -87,7 +87,7 @@ def _env_fallbacks(
 
 def _env_duration(var: str) -> float | None:
     raw = os.environ.get(var, "").strip()
-    return duration(var, raw) if raw else None
+    return parse_duration(raw, name=f"environment variable {var}") if raw else None
 
 
 def run_engine_drain(*, quiet: bool, json_output: bool, **settings: Any) -> int:

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import anyio
 import click
 
-from .._drain._durations import parse_duration
+from .._drain._environ import parse_duration
 from .._drain._errors import ConfigError
 from .._soak._report import RequestRecord, SoakReport, check_plotting, write_plot
 from .._soak._runner import SoakConfig, parse_weights, run_soak

@@ -58,18 +58,18 @@ SAMPLES = 64
 _MODES_TEXT = " or ".join(MODES)
 
 
-def read_mode(var: str, raw: str) -> Admission:
-    """``GRACEFUL_ADMISSION``'s value."""
+def read_mode(raw: str) -> Admission:
+    """``GRACEFUL_ADMISSION``'s value (the error is named where the variable is read: ``_environ.Given``)."""
     mode = raw.strip().lower()
     if mode not in MODES:
-        raise ConfigError(f"environment variable {var}: {raw!r} is not an admission mode; use {_MODES_TEXT}")
+        raise ConfigError(f"{raw!r} is not an admission mode; use {_MODES_TEXT}")
     return mode
 
 
-def check_mode(name: str, value: object) -> Admission:
+def check_mode(value: object) -> Admission:
     """``admission=`` as given in code."""
     if value not in MODES:
-        raise ConfigError(f"{name}: {value!r} is not an admission mode; use {' or '.join(map(repr, MODES))}")
+        raise ConfigError(f"{value!r} is not an admission mode; use {' or '.join(map(repr, MODES))}")
     return value
 
 

@@ -8,26 +8,25 @@ at most, where the reserve is left for sidecars, log flushing and exit.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Never
 
 from ._durations import (
     DEFAULT_GRACE_PERIOD,
     check_quiet,
     default_reserve,
     drain_limit,
+    drain_timeout_seconds,
+    grace_seconds,
     judge_drain,
-    parse_duration,
-    resolve_drain_timeout,
-    resolve_grace,
-    resolve_reserve,
+    quiet_seconds,
+    reserve_seconds,
 )
-from ._environ import UNSET, declared, duration, from_environ, option, optional_duration, variable
+from ._environ import UNSET, Given, Unset, declared, duration, option, parse_duration
 from ._errors import ConfigError
 
-__all__ = ["DEFAULT_GRACE_PERIOD", "Budget", "ConfigError", "check_quiet", "parse_duration"]
+__all__ = ["DEFAULT_GRACE_PERIOD", "Budget", "ConfigError", "parse_duration"]
 
 
 @dataclass(frozen=True)
@@ -39,29 +38,36 @@ class Budget:
     """
 
     grace_period: float = option(
-        DEFAULT_GRACE_PERIOD, duration, "a duration (`120`, `2m`)", "the pod's `terminationGracePeriodSeconds`"
+        default=DEFAULT_GRACE_PERIOD,
+        kind=duration(grace_seconds),
+        value="a duration (`120`, `2m`)",
+        meaning="the pod's `terminationGracePeriodSeconds`",
     )
     reserve: float = option(
-        None,
-        duration,
-        "a duration",
-        "left after the deadline for sidecars, log flush and exit",
+        default=None,
+        kind=duration(reserve_seconds),
+        value="a duration",
+        meaning="left after the deadline for sidecars, log flush and exit",
         shown="30% of grace, ≥ 10 s",
     )
     drain_timeout: float | None = option(
-        None, optional_duration, "a duration, or `none`", "an upper bound on the drain, below `grace_period − reserve`"
+        default=None,
+        kind=duration(drain_timeout_seconds, optional=True),
+        value="a duration, or `none`",
+        meaning="an upper bound on the drain, below `grace_period − reserve`",
     )
     propagation_wait: float = option(
-        0.0,
-        duration,
-        "a duration",
-        "minimum drain time, for endpoint removal to reach every balancer (with `propagation_quiet`: the upper bound)",
+        default=0.0,
+        kind=duration(),
+        value="a duration",
+        meaning="minimum drain time, for endpoint removal to reach every balancer "
+        "(with `propagation_quiet`: the upper bound)",
     )
     propagation_quiet: float | None = option(
-        None,
-        optional_duration,
-        "a duration, or `none`",
-        "end the propagation wait early once no new request has arrived for this long (see below)",
+        default=None,
+        kind=duration(quiet_seconds, optional=True),
+        value="a duration, or `none`",
+        meaning="end the propagation wait early once no new request has arrived for this long (see below)",
     )
 
     def __post_init__(self) -> None:
@@ -69,78 +75,52 @@ class Budget:
             object.__setattr__(self, "reserve", default_reserve(self.grace_period))
 
     @classmethod
-    def resolve(cls, *, environ: Mapping[str, str] | None = None, **given: Any) -> Budget:
-        """Build a budget from options (durations as numbers or strings; None or ``UNSET`` for not
-        given), filling what is not given from the variables in ``environ`` (none unless passed),
-        else from the declared defaults.
-
-        Raises :class:`ConfigError` for negative or malformed values, for a reserve
-        larger than the grace period, for a ``propagation_wait`` longer than the limit
-        (``check_wait``) and for a ``propagation_quiet`` that is 0 or longer than a
-        configured ``propagation_wait``. With no ``propagation_wait``
-        here (0), the quiet rule waits for a drain request that brings one. Errors about
-        a value read from a variable name the variable.
-        """
-        table = declared(cls)
-        unknown = set(given) - set(table)
+    def resolve(
+        cls,
+        *,
+        environ: Mapping[str, str] | None = None,
+        grace_period: float | str | None | Unset = UNSET,
+        reserve: float | str | None | Unset = UNSET,
+        drain_timeout: float | str | None | Unset = UNSET,
+        propagation_wait: float | str | None | Unset = UNSET,
+        propagation_quiet: float | str | None | Unset = UNSET,
+        **unknown: Never,
+    ) -> Budget:
+        """Build a budget from options (durations as numbers or strings; None or ``UNSET`` for not given),
+        filling what is not given from the variables in ``environ`` (none unless passed), else from the
+        declared defaults. Raises :class:`ConfigError` as :meth:`from_given` does."""
         if unknown:
-            raise TypeError(f"unknown budget option(s) {sorted(unknown)}; the options are {sorted(table)}")
-        passed = {name: value for name, value in given.items() if value is not None and value is not UNSET}
-        found, sources = from_environ(table, (name for name in table if name not in passed), environ or {})
-        values = {name: default for name, (default, _) in table.items()} | found | passed
-        # A value read from a variable is checked as the text that was set, under the variable's name
-        # (``none`` stays None); an option given in code, under the option's.
-        for name, raw in sources.items():
-            if found[name] is not None:
-                values[name] = raw
-        label = {name: f"environment variable {variable(name)}" if name in sources else name for name in table}
-        grace = resolve_grace(values["grace_period"], name=label["grace_period"])
-        res = resolve_reserve(
-            grace, values["reserve"], name=label["reserve"], grace_name=_named("grace_period", sources)
-        )
-        timeout = values["drain_timeout"]
-        timeout = None if timeout is None else resolve_drain_timeout(timeout, name=label["drain_timeout"])
-        wait = parse_duration(values["propagation_wait"], name=label["propagation_wait"])
-        given_quiet = values["propagation_quiet"]
-        quiet = None
-        if given_quiet is not None:
-            quiet = parse_duration(given_quiet, name=label["propagation_quiet"])
-            check_quiet(
-                quiet,
-                wait if wait > 0 else math.inf,
-                given=given_quiet,
-                source=label["propagation_quiet"] if "propagation_quiet" in sources else "",
-                wait_name=_named("propagation_wait", sources),
-            )
-        budget = cls(
-            grace_period=grace, reserve=res, drain_timeout=timeout, propagation_wait=wait, propagation_quiet=quiet
-        )
-        budget.check_wait(wait, from_variables=sources)
+            raise TypeError(f"unknown budget option(s) {sorted(unknown)}; the options are {sorted(BUDGET_DECLARED)}")
+        given = {
+            "grace_period": grace_period,
+            "reserve": reserve,
+            "drain_timeout": drain_timeout,
+            "propagation_wait": propagation_wait,
+            "propagation_quiet": propagation_quiet,
+        }
+        return cls.from_given(Given(BUDGET_DECLARED, environ or {}, not_none(given)))
+
+    @classmethod
+    def from_given(cls, given: Given) -> Budget:
+        """The budget of the options ``given``, each held to its rule (``Given.value``: a wrong one is named as
+        the user gave it), then to the rules between them: a ``propagation_quiet`` no longer than a configured
+        ``propagation_wait`` (with none here, 0, the quiet rule waits for a drain request that brings one) and
+        a ``propagation_wait`` that fits the limit (``judge``)."""
+        grace = given.value("grace_period")
+        wait = given.value("propagation_wait")
+        quiet = given.value("propagation_quiet")
+        budget = cls(grace, given.value("reserve", grace), given.value("drain_timeout"), wait, quiet)
+        if quiet is not None and wait > 0:
+            given.judged(check_quiet, quiet, wait)
+        given.judged(budget.judge, wait)
         return budget
 
-    def check_wait(
-        self, wait: float, *, timeout: float | None = None, from_variables: Mapping[str, str] | None = None
-    ) -> float:
-        """The budget rule (``judge_drain``) for a wait, against this budget's limit shortened by a
-        drain's own ``timeout``; returns that limit. Raises :class:`ConfigError` naming the option
-        (and its variable, for those in ``from_variables``) that sets the bound."""
-        sources = {} if from_variables is None else from_variables
-        voice = {
-            "wait": _named("propagation_wait", sources),
-            "grace": _named("grace_period", sources),
-            "timeout": "this drain's timeout",
-            "raise_timeout": "raise the timeout",
-            "drain_timeout": _named("drain_timeout", sources),
-            "reserve": "shown",
-            "grace_fix": ", the pod's terminationGracePeriodSeconds",
-        }
+    def judge(self, wait: float, *, timeout: float | None = None) -> float:
+        """The budget rule (``judge_drain``) for a wait, against this budget's limit shortened by a drain's
+        own ``timeout``: returns that limit, or raises :class:`ConfigError` that mentions the options, each
+        as ``{option}``, for the caller to name as its user gave them."""
         return judge_drain(
-            wait,
-            grace=self.grace_period,
-            reserve=self.reserve,
-            drain_timeout=self.drain_timeout,
-            timeout=timeout,
-            voice=voice,
+            wait, grace=self.grace_period, reserve=self.reserve, drain_timeout=self.drain_timeout, timeout=timeout
         )
 
     @property
@@ -165,7 +145,7 @@ class Budget:
     def problems(self, *, admit: bool = False) -> list[str]:
         """Arithmetic that works but covers less than it seems, worded for a warning log line.
 
-        A wait that does not fit at all is not a warning: ``resolve`` raises (``check_wait``).
+        A wait that does not fit at all is not a warning: ``resolve`` raises (``judge``).
         """
         if admit and self.propagation_wait > 0 and self.propagation_wait >= self.limit:
             return [
@@ -194,6 +174,9 @@ class Budget:
         )
 
 
-def _named(option: str, sources: Mapping[str, str]) -> str:
-    """An option as a message that mentions it names it: with its variable when it came from one."""
-    return f"{option} ({variable(option)})" if option in sources else option
+BUDGET_DECLARED = declared(Budget)
+
+
+def not_none(given: Mapping[str, object]) -> dict[str, object]:
+    """A budget option given as None is not given: its variable, else its default, fills it."""
+    return {name: UNSET if value is None else value for name, value in given.items()}

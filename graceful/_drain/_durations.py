@@ -1,8 +1,14 @@
-"""Durations and the grace period's arithmetic, without ``dataclasses``.
+"""Durations and the grace period's arithmetic: values in, seconds out, without ``dataclasses``.
 
-The preStop hook checks its budget before it looks for a server; it reads this module and
-never ``Budget``'s (``dataclasses`` and the ``inspect`` it imports cost the hook about 7 ms).
-``Budget`` (``_budget``) resolves its options through the same functions.
+The preStop hook checks its budget before it looks for a server; it reads this module and never
+``Budget``'s (``dataclasses`` and the ``inspect`` it imports cost the hook about 7 ms). ``Budget``
+(``_budget``) declares its options with the same rules.
+
+Nothing here knows how its user wrote an option. A wrong value raises :class:`ConfigError` with the
+value and the fix; a rule that mentions options writes each as ``{option}`` (``ConfigError.between``).
+The edge that took the value (``_environ.Given`` for keyword arguments and variables, click's
+``DURATION`` for flags, the preStop hook's reader) re-raises it with the option, the flag or the
+variable (``ConfigError.named``).
 """
 
 from __future__ import annotations
@@ -15,17 +21,18 @@ from ._errors import ConfigError
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "MAX_GRACE_PERIOD",
+    "RULES",
     "check_option",
     "check_quiet",
     "check_wait",
     "default_reserve",
-    "FLAGS",
     "drain_limit",
+    "drain_timeout_seconds",
+    "grace_seconds",
     "judge_drain",
-    "parse_duration",
-    "resolve_drain_timeout",
-    "resolve_grace",
-    "resolve_reserve",
+    "quiet_seconds",
+    "reserve_seconds",
+    "seconds",
 ]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -33,38 +40,37 @@ _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
 _HELP = "use a number of seconds or a duration such as 10s, 1.5s, 500ms, 2m or 1m30s"
 
 
-def parse_duration(value: str | float | int, *, name: str = "duration") -> float:
-    """Parse ``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds.
+def seconds(value: str | float) -> float:
+    """``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds, in seconds.
 
-    ``name`` is how the caller's user gave the value (an option, a flag, a variable); every
-    message names it and the value as given. ``-1`` and ``-1s`` are refused alike, as negative.
+    ``-1`` and ``-1s`` are refused alike, as negative; every message shows the value as given.
     """
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(f"{name}: expected a duration, got {value!r}; {_HELP}")
+        raise ConfigError(f"expected a duration, got {value!r}; {_HELP}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        number = float(value)
     else:
         text = value.strip().lower()
         try:
-            number: float | None = float(text)
+            parsed: float | None = float(text)
         except ValueError:
-            number = None
+            parsed = None
         # Parsed outside the except block, so that a wrong value's ConfigError comes alone,
         # without float()'s ValueError chained above it (a server's log shows both otherwise).
-        if number is not None:
-            seconds = number
+        if parsed is not None:
+            number = parsed
         elif text.startswith("-"):  # "-1s": negative, as "-1" is, not "not a duration"
-            seconds = -_parse_units(text[1:], value, name)
+            number = -_units(text[1:], value)
         else:
-            seconds = _parse_units(text, value, name)
-    if not math.isfinite(seconds):
-        raise ConfigError(f"{name}: {value!r} is not a finite duration; {_HELP}")
-    if seconds < 0:
-        raise ConfigError(f"{name}: {value!r} is negative; use 0 or more, e.g. 10s")
-    return seconds
+            number = _units(text, value)
+    if not math.isfinite(number):
+        raise ConfigError(f"{value!r} is not a finite duration; {_HELP}")
+    if number < 0:
+        raise ConfigError(f"{value!r} is negative; use 0 or more, e.g. 10s")
+    return number
 
 
-def _parse_units(text: str, original: str, name: str) -> float:
+def _units(text: str, value: str) -> float:
     pos = 0
     total = 0.0
     for match in _PART.finditer(text):
@@ -73,7 +79,7 @@ def _parse_units(text: str, original: str, name: str) -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     if pos == 0 or pos != len(text):
-        raise ConfigError(f"{name}: {original!r} is not a duration; {_HELP}")
+        raise ConfigError(f"{value!r} is not a duration; {_HELP}")
     return total
 
 
@@ -84,141 +90,69 @@ MAX_GRACE_PERIOD = 365 * 24 * 3600.0
 _GRACE_FIX = "set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
 
 
-def check_quiet(
-    quiet: float,
-    wait: float,
-    *,
-    given: object = None,
-    source: str = "",
-    name: str = "propagation_quiet",
-    wait_name: str = "propagation_wait",
-) -> None:
-    """``propagation_quiet`` must be above 0 and no longer than ``propagation_wait``, its upper bound.
-
-    ``given`` is the value as the user wrote it; ``source`` names where it came from when that
-    is not the option itself (an environment variable); ``name`` and ``wait_name`` are how the
-    caller's user writes the two (``--propagation-quiet``).
-    """
-    shown = quiet if given is None else given
-    origin = f" ({source}={shown!r})" if source else ""
-    if quiet <= 0:
-        raise ConfigError(
-            f"{name}: {shown!r}{origin} must be above 0; use the time without a new request after "
-            "which the balancers are taken to have stopped sending, e.g. 2s"
-        )
-    if quiet > wait:
-        raise ConfigError(
-            f"{name} {quiet:g}s{origin} is longer than {wait_name} {wait:g}s, its upper bound; "
-            f"raise {wait_name} to at least {quiet:g}s or shorten {name}"
-        )
+# -- the rule each duration option holds alone -------------------------------------------------
 
 
-def check_wait(wait: float, limit: float, *, wait_name: str, bound: str, fix: str) -> None:
-    """The budget rule: a propagation wait longer than the drain's limit cannot work.
-
-    The deadline would end every request in flight while the balancers may still be
-    sending. One verdict wherever a wait meets a limit: the server's options (at
-    start-up), a drain's overrides (before it begins, state untouched) and the
-    preStop hook's flags (exit 2) all raise :class:`ConfigError` here. ``wait_name``
-    is how the caller's user wrote the wait (``propagation_wait``, ``--propagation-wait``),
-    ``bound`` where the limit comes from and ``fix`` the other way out.
-    """
-    if wait > limit:
-        raise ConfigError(
-            f"{wait_name} {wait:g}s is longer than the whole drain: {bound}; shorten {wait_name} or {fix}"
-        )
-
-
-# How a caller's user wrote the values the budget rule names, for its messages: the server's options
-# (``Budget.voice``, with the variables they came from) or the preStop hook's flags (``FLAGS``).
-#   wait, grace: the names of the propagation wait and the grace period;
-#   timeout / raise_timeout: a drain's own timeout and its fix; drain_timeout: the configured cap;
-#   reserve: whether the reserve's value is shown; grace_fix: said after "raise <grace>".
-FLAGS = {
-    "wait": "--propagation-wait",
-    "grace": "--grace-period",
-    "timeout": "--timeout",
-    "raise_timeout": "raise --timeout",
-    "drain_timeout": "--timeout",
-    "reserve": "",
-    "grace_fix": "",
-}
-
-
-def judge_drain(
-    wait: float | None,
-    *,
-    grace: float | None,
-    reserve: float,
-    drain_timeout: float | None,
-    timeout: float | None,
-    voice: dict[str, str],
-) -> float:
-    """The budget rule for one drain, the one verdict that ``Budget`` (at start-up), a drain's overrides
-    (``Drain.begin_drain`` and the admin server) and the preStop hook's flags share: returns the drain's
-    limit, ``min(timeout, drain_timeout, grace - reserve)`` (of those known), and raises
-    :class:`ConfigError` when ``wait`` is longer (``check_wait``), naming the bound that binds in the
-    words of ``voice`` (``FLAGS`` or the server's options)."""
-    room = math.inf if grace is None else grace - reserve
-    cap = room if drain_timeout is None else min(drain_timeout, room)
-    limit = cap if timeout is None else min(cap, timeout)
-    if wait is None or wait <= limit:
-        return limit
-    if timeout is not None and timeout <= cap:
-        bound, fix = f"{voice['timeout']} is {timeout:g}s", voice["raise_timeout"]
-    elif drain_timeout is not None and drain_timeout <= room:
-        bound, fix = f"{voice['drain_timeout']} is {drain_timeout:g}s", f"raise {voice['drain_timeout']}"
-    else:
-        after = f"the reserve {reserve:g}s" if voice["reserve"] else "the reserve"
-        bound = f"{voice['grace']} {grace:g}s leaves the drain {room:g}s after {after}"
-        fix = f"raise {voice['grace']}{voice['grace_fix']}"
-    check_wait(wait, limit, wait_name=voice["wait"], bound=bound, fix=fix)
-    return limit
-
-
-def resolve_grace(grace_period: float | str, *, name: str = "grace_period") -> float:
-    """The grace period given, parsed; refused when it leaves no time to drain or is longer than a year
-    (``MAX_GRACE_PERIOD``). ``name`` is how the user gave it (the option, the flag, or ``environment
-    variable GRACEFUL_GRACE_PERIOD``); the messages show the value as given."""
-    grace = parse_duration(grace_period, name=name)
+def grace_seconds(value: str | float) -> float:
+    """A grace period: refused when it leaves no time to drain or is longer than a year (``MAX_GRACE_PERIOD``)."""
+    grace = seconds(value)
     if grace <= 0:
-        raise ConfigError(f"{name}: {grace_period!r} leaves no time to drain; {_GRACE_FIX}")
+        raise ConfigError(f"{value!r} leaves no time to drain; {_GRACE_FIX}")
     if grace > MAX_GRACE_PERIOD:
-        raise ConfigError(f"{name}: {grace_period!r} is longer than a year, the longest accepted; {_GRACE_FIX}")
+        raise ConfigError(f"{value!r} is longer than a year, the longest accepted; {_GRACE_FIX}")
     return grace
 
 
-def resolve_drain_timeout(drain_timeout: float | str, *, name: str = "drain_timeout") -> float:
-    """The drain timeout given, parsed; refused at 0, which would end every request at the drain's start.
-    ``name`` is how the user gave it; not giving one leaves the drain ``grace_period - reserve``."""
-    timeout = parse_duration(drain_timeout, name=name)
+def drain_timeout_seconds(value: str | float) -> float:
+    """A drain timeout: refused at 0, which would end every request at the drain's start (leaving it
+    unset leaves the drain ``grace_period - reserve``)."""
+    timeout = seconds(value)
     if timeout <= 0:
         raise ConfigError(
-            f"{name}: {drain_timeout!r} leaves no time to drain; give the longest the drain may take (e.g. 60s), "
+            f"{value!r} leaves no time to drain; give the longest the drain may take (e.g. 60s), "
             "or leave it unset for grace_period - reserve"
         )
     return timeout
 
 
-# The rule each duration option holds alone, beyond parsing: ``check_option`` applies it wherever a value
-# arrives with its name (the options and variables in ``Budget.resolve``, the CLI's flags as they are read).
-_ALONE = {
-    "grace_period": resolve_grace,
-    "drain_timeout": resolve_drain_timeout,
+def quiet_seconds(value: str | float) -> float:
+    """A quiet period: above 0 (its upper bound, the propagation wait, is ``check_quiet``'s)."""
+    quiet = seconds(value)
+    if quiet <= 0:
+        raise ConfigError(
+            f"{value!r} must be above 0; use the time without a new request after which the balancers are taken "
+            "to have stopped sending, e.g. 2s"
+        )
+    return quiet
+
+
+def reserve_seconds(value: str | float, grace: float) -> float:
+    """A reserve, which must be smaller than the grace period ``grace``."""
+    reserve = seconds(value)
+    if reserve >= grace:
+        raise ConfigError.between(
+            f"{value!r} is not smaller than {{grace_period}} {grace:g}s; lower the reserve or raise the grace period"
+        )
+    return reserve
+
+
+# The rule of each duration option that has one beyond parsing, by option: the budget's fields declare
+# the same functions (a test holds them equal); the preStop hook and click's DURATION read flags by it.
+RULES = {
+    "grace_period": grace_seconds,
+    "drain_timeout": drain_timeout_seconds,
+    "propagation_quiet": quiet_seconds,
 }
 
 
-def check_option(option: str, value: float | str, *, name: str) -> float:
-    """``value`` for the duration ``option`` (``grace_period``, ``propagation_quiet``...), parsed and held to
-    the rule of that option alone; ``name`` is how the user gave it (``--grace-period``). Rules between
-    options (the quiet period against the wait, the wait against the drain) come later, once all are known."""
-    rule = _ALONE.get(option)
-    if rule is not None:
-        return rule(value, name=name)
-    seconds = parse_duration(value, name=name)
-    if option == "propagation_quiet":
-        check_quiet(seconds, math.inf, given=value, name=name)
-    return seconds
+def check_option(option: str, value: str | float) -> float:
+    """``value`` in seconds, held to the rule of ``option`` alone (``RULES``; a plain duration for the others,
+    a drain's own ``timeout`` among them). Rules between options (the quiet period against the wait, the wait
+    against the drain) come later, once all are known."""
+    return RULES.get(option, seconds)(value)
+
+
+# -- the arithmetic ----------------------------------------------------------------------------
 
 
 def default_reserve(grace: float) -> float:
@@ -226,23 +160,54 @@ def default_reserve(grace: float) -> float:
     return max(0.3 * grace, min(10.0, 0.5 * grace))
 
 
-def resolve_reserve(
-    grace: float, reserve: float | str | None, *, name: str = "reserve", grace_name: str = "grace_period"
+def drain_limit(
+    grace: float | None, reserve: float, drain_timeout: float | None, timeout: float | None = None
 ) -> float:
-    """The reserve given (the default rule for None), parsed; refused unless smaller than the grace
-    period. ``name`` and ``grace_name`` are how the user gave the two."""
-    if reserve is None:
-        return default_reserve(grace)
-    res = parse_duration(reserve, name=name)
-    if res >= grace:
-        raise ConfigError(
-            f"{name}: {reserve!r} is not smaller than {grace_name} {grace:g}s; "
-            "lower the reserve or raise the grace period"
+    """Seconds from drain start to the deadline: ``min(timeout, drain_timeout, grace - reserve)``, of those known."""
+    limit = math.inf if grace is None else grace - reserve
+    for cap in (drain_timeout, timeout):
+        if cap is not None:
+            limit = min(limit, cap)
+    return limit
+
+
+def check_quiet(quiet: float, wait: float) -> None:
+    """The quiet period's upper bound: the propagation wait."""
+    if quiet > wait:
+        raise ConfigError.between(
+            f"{{propagation_quiet}} {quiet:g}s is longer than {{propagation_wait}} {wait:g}s, its upper bound; "
+            f"raise {{propagation_wait}} to at least {quiet:g}s or shorten {{propagation_quiet}}"
         )
-    return res
 
 
-def drain_limit(grace: float, reserve: float, drain_timeout: float | None) -> float:
-    """Seconds from drain start to the deadline: ``min(drain_timeout, grace - reserve)``."""
-    room = grace - reserve
-    return room if drain_timeout is None else min(drain_timeout, room)
+def check_wait(wait: float, limit: float, *, bound: str, fix: str) -> None:
+    """The budget rule: a propagation wait longer than the drain's limit cannot work, for the deadline
+    would end every request in flight while the balancers may still be sending. ``bound`` says where
+    the limit comes from, ``fix`` the other way out (either may mention options as ``{option}``)."""
+    if wait > limit:
+        raise ConfigError.between(
+            f"{{propagation_wait}} {wait:g}s is longer than the whole drain: {bound}; shorten {{propagation_wait}} "
+            f"or {fix}"
+        )
+
+
+def judge_drain(
+    wait: float | None, *, grace: float | None, reserve: float, drain_timeout: float | None, timeout: float | None
+) -> float:
+    """The budget rule for one drain, the one verdict that ``Budget`` (at start-up), a drain's overrides
+    (``Drain.begin_drain`` and the admin server) and the preStop hook's flags share: returns the drain's
+    limit (``drain_limit``) and raises :class:`ConfigError` when ``wait`` is longer (``check_wait``),
+    naming the bound that binds, the first of ``timeout``, ``drain_timeout`` and the grace period's room."""
+    limit = drain_limit(grace, reserve, drain_timeout, timeout)
+    if wait is None or wait <= limit:
+        return limit
+    if timeout is not None and timeout <= limit:
+        bound, fix = f"{{timeout}} is {timeout:g}s", "raise {timeout}"
+    elif drain_timeout is not None and drain_timeout <= limit:
+        bound, fix = f"{{drain_timeout}} is {drain_timeout:g}s", "raise {drain_timeout}"
+    else:
+        room = limit if grace is None else grace - reserve
+        bound = f"{{grace_period}} {grace:g}s leaves the drain {room:g}s after the reserve {reserve:g}s"
+        fix = "raise {grace_period}, the pod's terminationGracePeriodSeconds"
+    check_wait(wait, limit, bound=bound, fix=fix)
+    return limit

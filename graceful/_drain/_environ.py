@@ -1,91 +1,122 @@
-"""Options, each declared once: its default, its ``GRACEFUL_*`` variable, how that is read, and its doc.
+"""Options, each declared once, and the one place where a value given for one is read and named.
 
 A server that loads the middleware by name (``vllm serve --middleware
 graceful.GracefulMiddleware`` calls it with the app alone) can only be configured from
 its environment. Each option is a field of an options dataclass (``Budget`` and
 ``DrainConfig`` in this package, ``MiddlewareConfig`` in ``graceful/_asgi/_options.py``),
-declared with :func:`option`: the default, an :class:`Env` (how its variable, ``GRACEFUL_``
-+ the option's name in capitals, is read, how a value given in code is checked, and what the
-documentation says of it). A value given in code wins; a variable fills an option the code
-leaves unset; else the default. A wrong value is refused when the options are resolved (at
-construction, never first at startup), with the option as the user gave it (the Python
-option, or the variable), the value as given and the fix.
+declared with :func:`option`: the default, its :class:`Kind` (how its variable, ``GRACEFUL_``
++ the option's name in capitals, is read, and how a value given in code is checked) and what the
+documentation and ``--help`` say of it. A value given in code wins; a variable fills an option the
+code leaves unset; else the default.
+
+:meth:`Given.value` is where that happens, and where a wrong value gets its name: the readers and
+checks raise :class:`ConfigError` with the value and the fix only, and ``value`` re-raises it after
+the option as the user gave it (the Python option, or ``environment variable GRACEFUL_X``). Every
+value is checked when the options are resolved (at construction, never first at startup).
 
 This module never reads the process's environment: the edges that do (the constructors of
-``Drain`` and ``GracefulMiddleware``, and the CLI) pass it in. It knows the readers every
-package shares; a package with values of its own kind (paths, header names) writes its
-readers itself.
+``Drain`` and ``GracefulMiddleware``, and the CLI) pass it in.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib
+import re
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from ._durations import parse_duration
+from ._durations import seconds
 from ._errors import ConfigError
 from ._names import PREFIX, variable
 
-# typing's import costs the preStop hook milliseconds (it reads ``variable`` here); mypy reads the
-# annotations anyway. dataclasses is imported where fields are declared, never on that path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
-    from typing import Any
+    from collections.abc import Callable, Mapping
+
+T = TypeVar("T")
 
 __all__ = [
+    "COUNT",
+    "FLAG",
     "PREFIX",
     "UNSET",
+    "WHOLE_SECONDS",
     "Env",
+    "Given",
+    "Kind",
+    "Unset",
     "callable_kind",
-    "count",
     "declared",
     "duration",
-    "flag",
-    "from_environ",
+    "help_text",
     "is_none",
-    "named_object",
     "option",
     "option_rows",
-    "optional_duration",
+    "parse_duration",
     "shown_default",
     "table_rows",
     "variable",
-    "whole_seconds",
 ]
 
-# Marks an option the caller did not pass: it then comes from the environment, else its default.
-UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<from the environment, else the default>"})()
 
-if TYPE_CHECKING:
-    Reader = Callable[[str, str], Any]  # (variable, raw text) -> the option's value; raises ConfigError
-    Check = Callable[[str, Any], Any]  # (option, value given in code) -> the option's value; raises ConfigError
+class Unset(enum.Enum):
+    """The type of :data:`UNSET`, a keyword argument the caller did not pass (httpx's ``UnsetType``)."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "<from the environment, else the default>"
+
+
+# Marks an option the caller did not pass: it then comes from the environment, else its default.
+UNSET: Final = Unset.UNSET
+
+
+class Kind:
+    """How one kind of option is read: ``read`` turns its variable's text into the value, ``check`` takes
+    a value given in code. Both raise :class:`ConfigError` with the value as given and the fix, never a
+    name (``Given.value`` adds it); both take the ``context`` the option's rule needs (the budget's
+    reserve, the grace period it must stay under). ``seconds``: for a duration, the rule of ``_durations``
+    it is held to; ``choices``: the values of a choice. Flags take them so."""
+
+    __slots__ = ("check", "choices", "read", "seconds")
+
+    def __init__(
+        self,
+        read: Callable[..., Any],
+        check: Callable[..., Any],
+        *,
+        seconds: Callable[..., float] | None = None,
+        choices: tuple[str, ...] = (),
+    ) -> None:
+        self.read = read
+        self.check = check
+        self.seconds = seconds
+        self.choices = choices
 
 
 class Env:
-    """One option's declaration beside its default: how its variable is read (``read``), how a value
-    given in code is checked (``check``: by default the check of ``read``'s kind, see ``CHECKS``), the
-    variable's value as the documentation states it (``value``), what the option does (``meaning``),
-    and its default in words where the value alone would not say it (``shown``)."""
+    """One option's declaration beside its default: its :class:`Kind`, the variable's value as the
+    documentation states it (``value``), what the option does (``meaning``, the docs' tables and every
+    flag's help), its default in words where the value alone would not say it (``shown``), and how a
+    sentence names it (``noun``: ``graceful advise``'s "judge this ...")."""
 
-    __slots__ = ("check", "meaning", "read", "shown", "value")
+    __slots__ = ("kind", "meaning", "noun", "shown", "value")
 
-    def __init__(
-        self, read: Reader, value: str, meaning: str = "", shown: str | None = None, check: Check | None = None
-    ) -> None:
-        self.read = read
-        self.check = check if check is not None else CHECKS.get(read, _as_given)
+    def __init__(self, kind: Kind, value: str, meaning: str, shown: str | None, noun: str | None) -> None:
+        self.kind = kind
         self.value = value
         self.meaning = meaning
         self.shown = shown
+        self.noun = noun
 
 
 def option(
-    default: Any, read: Reader, value: str, meaning: str, *, shown: str | None = None, check: Check | None = None
+    *, default: Any, kind: Kind, value: str, meaning: str, shown: str | None = None, noun: str | None = None
 ) -> Any:
     """Declare an option as a dataclass field: its default, and its :class:`Env`."""
     import dataclasses
 
-    return dataclasses.field(default=default, metadata={"env": Env(read, value, meaning, shown, check)})
+    return dataclasses.field(default=default, metadata={"env": Env(kind, value, meaning, shown, noun)})
 
 
 def declared(*classes: type) -> dict[str, tuple[Any, Env]]:
@@ -100,20 +131,64 @@ def declared(*classes: type) -> dict[str, tuple[Any, Env]]:
     }
 
 
-def from_environ(
-    table: Mapping[str, tuple[Any, Env]], options: Iterable[str], environ: Mapping[str, str]
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The options among ``options`` whose variables are set (and not empty) in ``environ``, read by
-    ``table``; and the text each variable held (for messages that name it)."""
-    found: dict[str, Any] = {}
-    raw_text: dict[str, str] = {}
-    for name in options:
-        var = variable(name)
-        raw = environ.get(var, "").strip()
-        if raw:
-            found[name] = table[name][1].read(var, raw)
-            raw_text[name] = raw
-    return found, raw_text
+class Given:
+    """The options as a caller gave them (``UNSET`` where it did not) beside the variables in ``environ``.
+
+    ``value`` is the one place an option's value is taken: given in code, else read from its variable,
+    else the declared default; ``judged`` applies a rule between options. Where either fails, the error
+    names each option as ``name`` says: with its variable when it came from one."""
+
+    def __init__(self, table: Mapping[str, tuple[Any, Env]], environ: Mapping[str, str], given: Mapping[str, Any]):
+        self.table = table
+        self.variables = environ
+        self.in_code = frozenset(name for name, value in given.items() if value is not UNSET)
+        self.given = given
+        self.from_variables: set[str] = set()
+
+    def value(self, option: str, *context: Any) -> Any:
+        """``option``'s value, checked by its kind; a wrong one raises :class:`ConfigError` that starts with
+        the option as the user gave it: its name, or ``environment variable GRACEFUL_X``."""
+        default, env = self.table[option]
+        given = self.given.get(option, UNSET)
+        raw = "" if given is not UNSET else self.variables.get(variable(option), "").strip()
+        try:
+            if given is not UNSET:
+                return env.kind.check(given, *context)
+            if raw:
+                self.from_variables.add(option)
+                return env.kind.read(raw, *context)
+            return default
+        except ConfigError as exc:
+            wrong = exc.named(f"environment variable {variable(option)}" if raw else option, self.name)
+        raise wrong  # outside the except block: the error comes alone, with no other chained above it
+
+    def judged(self, rule: Callable[..., T], *values: Any) -> T:
+        """``rule(*values)``, a rule between options: its error names each option as ``name`` says."""
+        try:
+            return rule(*values)
+        except ConfigError as exc:
+            wrong = exc.named("", self.name)
+        raise wrong
+
+    def name(self, option: str) -> str:
+        """How a message names ``option``: ``reserve``, or ``reserve (GRACEFUL_RESERVE)`` when its variable set it."""
+        return f"{option} ({variable(option)})" if option in self.from_variables else option
+
+
+def parse_duration(value: str | float, *, name: str = "duration") -> float:
+    """Parse ``10s``, ``1.5s``, ``500ms``, ``2m``, ``1m30s`` or a bare number of seconds.
+
+    ``name`` is how the caller's user gave the value (an option, a flag, a variable); every message
+    names it and the value as given. ``-1`` and ``-1s`` are refused alike, as negative.
+    """
+    try:
+        return seconds(value)
+    except ConfigError as exc:
+        wrong = exc.named(name)
+    raise wrong
+
+
+# -- what the documentation and --help say -------------------------------------------------------
 
 
 def shown_default(default: Any, env: Env) -> str:
@@ -122,7 +197,7 @@ def shown_default(default: Any, env: Env) -> str:
         return env.shown
     if default is None:
         return "none"
-    if env.read in (duration, optional_duration):
+    if env.kind.seconds is not None:
         return f"{default:g} s" if default else "0"
     return str(default)
 
@@ -137,7 +212,18 @@ def table_rows(table: Mapping[str, tuple[Any, Env]]) -> list[str]:
     return [f"| `{variable(name)}` | `{name}` | {env.value} |" for name, (_, env) in table.items()]
 
 
-# -- the readers every package shares ------------------------------------------------------------
+_SEE = re.compile(r"\s*\(see [^()]*(?:\([^()]*\)[^()]*)*\)")  # "(see below)", "(see [Resume](resume.md))"
+_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
+
+
+def help_text(env: Env) -> str:
+    """An option's ``--help`` line: the documentation's meaning as a sentence, without its Markdown and its
+    pointers into the page (``see below``)."""
+    text = _LINK.sub(r"\1", _SEE.sub("", env.meaning)).replace("`", "")
+    return text[:1].upper() + text[1:] + "."
+
+
+# -- the kinds every package shares -------------------------------------------------------------
 
 _NONE = ("none", "off")
 
@@ -147,121 +233,96 @@ def is_none(raw: str) -> bool:
     return raw.lower() in _NONE
 
 
-def duration(var: str, raw: str) -> float:
-    return parse_duration(raw, name=f"environment variable {var}")
+def duration(rule: Callable[..., float] = seconds, *, optional: bool = False) -> Kind:
+    """A duration held to ``rule`` (``_durations``): text or a number of seconds; ``optional``: ``none`` or
+    ``off`` in its variable, None in code, for no value."""
+
+    def read(raw: str, *context: Any) -> float | None:
+        return None if optional and is_none(raw) else rule(raw, *context)
+
+    def check(value: Any, *context: Any) -> float | None:
+        return None if optional and value is None else rule(value, *context)
+
+    return Kind(read, check, seconds=rule)
 
 
-def optional_duration(var: str, raw: str) -> float | None:
-    return None if is_none(raw) else duration(var, raw)
-
-
-def flag(var: str, raw: str) -> bool:
+def _read_flag(raw: str) -> bool:
     text = raw.lower()
     if text in ("1", "true", "yes", "on"):
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"environment variable {var}: {raw!r} is not a boolean; use 1 or 0")
+    raise ConfigError(f"{raw!r} is not a boolean; use 1 or 0")
 
+
+def _check_flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"expected True or False, got {value!r}")
+    return value
+
+
+FLAG = Kind(_read_flag, _check_flag)
 
 _COUNT = "is not a whole number of at least 1; use e.g. 64, or"
 _SECONDS = "is not a whole number of seconds; use e.g. 1"
-
-
-def count(var: str, raw: str) -> int | None:
-    if is_none(raw):
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"environment variable {var}: {raw!r} {_COUNT} none")
-    return int(raw)
-
-
-def whole_seconds(var: str, raw: str) -> int:
-    if not raw.isdigit():
-        raise ConfigError(f"environment variable {var}: {raw!r} {_SECONDS}")
-    return int(raw)
-
-
-def named_object(var: str, raw: str) -> Any:
-    """``module:attribute``, imported: hooks and other callables named in a variable."""
-    module, _, attribute = raw.partition(":")
-    if not module or not attribute:
-        raise ConfigError(f"environment variable {var}: {raw!r} must be in format <module>:<attribute>")
-    try:
-        found: Any = importlib.import_module(module)
-        for part in attribute.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"environment variable {var}: cannot import {raw!r} ({exc}); check the module and name"
-        ) from None
-    if not callable(found):
-        raise ConfigError(f"environment variable {var}: {raw!r} is not callable; name a function")
-    return found
-
-
-# -- the checks of values given in code, one per kind of reader --------------------------------
-
-
-def _as_given(name: str, value: Any) -> Any:
-    return value
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name}: expected True or False, got {value!r}")
-    return value
-
-
-def _duration(name: str, value: Any) -> float:
-    return parse_duration(value, name=name)
-
-
-def _optional_duration(name: str, value: Any) -> float | None:
-    return None if value is None else parse_duration(value, name=name)
 
 
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _count(name: str, value: Any) -> int | None:
+def _read_count(raw: str) -> int | None:
+    if is_none(raw):
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{raw!r} {_COUNT} none")
+    return int(raw)
+
+
+def _check_count(value: Any) -> int | None:
     if value is not None and not (_whole(value) and value >= 1):
-        raise ConfigError(f"{name}: {value!r} {_COUNT} None")
+        raise ConfigError(f"{value!r} {_COUNT} None")
     return None if value is None else int(value)
 
 
-def _whole_seconds(name: str, value: Any) -> int:
+COUNT = Kind(_read_count, _check_count)
+
+
+def _read_whole_seconds(raw: str) -> int:
+    if not raw.isdigit():
+        raise ConfigError(f"{raw!r} {_SECONDS}")
+    return int(raw)
+
+
+def _check_whole_seconds(value: Any) -> int:
     if not (_whole(value) and value >= 0):
-        raise ConfigError(f"{name}: {value!r} {_SECONDS}")
+        raise ConfigError(f"{value!r} {_SECONDS}")
     return int(value)
 
 
-def _callable(name: str, value: Any) -> Any:
-    if not callable(value):
-        raise ConfigError(f"{name}: {value!r} is not callable; pass a function")
-    return value
+WHOLE_SECONDS = Kind(_read_whole_seconds, _check_whole_seconds)
 
 
-CHECKS: dict[Reader, Check] = {
-    flag: _flag,
-    duration: _duration,
-    optional_duration: _optional_duration,
-    count: _count,
-    whole_seconds: _whole_seconds,
-    named_object: _callable,
-}
+def _named_object(raw: str) -> Any:
+    """``module:attribute``, imported: hooks and other callables named in a variable."""
+    module, _, attribute = raw.partition(":")
+    if not module or not attribute:
+        raise ConfigError(f"{raw!r} must be in format <module>:<attribute>")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {raw!r} ({exc}); check the module and name") from None
+    return found
 
 
-def callable_kind(
-    use: str, *, awaited: bool, arguments: tuple[Any, ...] = (), optional: bool = True
-) -> tuple[Reader, Check]:
-    """The reader and the check of an option that takes a function: named in its variable as
-    ``module:function``, passed in code as the function itself. Both refuse what graceful could
-    only find wrong when it calls the function, mid-drain: not callable, ``async def`` where it
-    is called without awaiting (``awaited=False``) or a plain function where it is awaited, or a
-    signature that does not take ``arguments``. ``use`` says what to pass, for the fix; ``optional``
-    lets None (no function) through."""
+def callable_kind(use: str, *, awaited: bool, arguments: tuple[Any, ...] = (), optional: bool = True) -> Kind:
+    """The kind of an option that takes a function: named in its variable as ``module:function``, passed
+    in code as the function itself. Both refuse what graceful could only find wrong when it calls the
+    function, mid-drain: not callable, ``async def`` where it is called without awaiting
+    (``awaited=False``) or a plain function where it is awaited, or a signature that does not take
+    ``arguments``. ``use`` says what to pass, for the fix; ``optional`` lets None (no function) through."""
 
     def problem(value: Any) -> str | None:
         if not callable(value):
@@ -275,20 +336,20 @@ def callable_kind(
             return f"cannot be called with {taken}; pass {use}"
         return None
 
-    def read(var: str, raw: str) -> Any:
-        found = named_object(var, raw)
+    def read(raw: str) -> Any:
+        found = _named_object(raw)
         wrong = problem(found)
         if wrong:
-            raise ConfigError(f"environment variable {var}: {raw!r} {wrong}")
+            raise ConfigError(f"{raw!r} {wrong}")
         return found
 
-    def check(name: str, value: Any) -> Any:
+    def check(value: Any) -> Any:
         wrong = None if value is None and optional else problem(value)
         if wrong:
-            raise ConfigError(f"{name}: {value!r} {wrong}")
+            raise ConfigError(f"{value!r} {wrong}")
         return value
 
-    return read, check
+    return Kind(read, check)
 
 
 def _is_async(function: Any) -> bool:

@@ -5,11 +5,50 @@ from __future__ import annotations
 
 import sys
 
+# typing's import costs the preStop hook milliseconds (it raises these); mypy reads the annotations anyway.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = ["ConfigError", "reported"]
 
 
 class ConfigError(ValueError):
-    """A user-supplied setting is wrong; the message names the value and the fix."""
+    """A user-supplied setting is wrong; the message names the value and the fix.
+
+    The rules that find it know values, not how the user wrote them: a value's own problem reads as
+    the value and the fix (``'abc' is not a duration; use ...``), and a rule that must mention options
+    writes each as ``{option}`` (:meth:`between`). The edge that took the value (an option's variable,
+    a flag, a keyword argument) catches the error and re-raises it :meth:`named`.
+    """
+
+    template = ""  # the message with each option it mentions as {option}; "" when it mentions none
+
+    @classmethod
+    def between(cls, template: str) -> ConfigError:
+        """An error that mentions options, each as ``{option}`` in ``template``: they read by their own
+        names until the error is :meth:`named`."""
+        error = cls(template.format_map(_Names(str)))
+        error.template = template
+        return error
+
+    def named(self, subject: str, name: Callable[[str], str] = str) -> ConfigError:
+        """This error as its user reads it: after ``subject``, how the wrong value's option was given
+        (``grace_period``, ``environment variable GRACEFUL_GRACE_PERIOD``; "" for a rule between options),
+        with each option it mentions as ``name`` gives it (``--grace-period``, ``reserve (GRACEFUL_RESERVE)``)."""
+        text = self.template.format_map(_Names(name)) if self.template else str(self)
+        return ConfigError(f"{subject}: {text}" if subject else text)
+
+
+class _Names(dict[str, str]):
+    """The options a template mentions, each as ``name`` gives it."""
+
+    def __init__(self, name: Callable[[str], str]) -> None:
+        super().__init__()
+        self.name = name
+
+    def __missing__(self, option: str) -> str:
+        return self.name(option)
 
 
 # Servers that import the app by name print a few exception types as one line and stop, and any other

@@ -15,12 +15,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._admission import Admission, check_mode, read_mode
-from ._budget import Budget, check_quiet, parse_duration
-from ._environ import UNSET, Env, callable_kind, declared, duration, flag, from_environ, option
+from ._admission import MODES, Admission, check_mode, read_mode
+from ._budget import BUDGET_DECLARED, Budget, not_none
+from ._durations import check_quiet
+from ._environ import FLAG, UNSET, Env, Given, Kind, callable_kind, declared, duration, option
 from ._errors import ConfigError, reported
 
-__all__ = ["DRAIN_DECLARED", "DRAIN_OPTIONS", "DrainConfig", "Hook", "Overrides", "check_given"]
+__all__ = ["DRAIN_DECLARED", "DRAIN_OPTIONS", "DrainConfig", "Hook", "Overrides"]
 
 logger = logging.getLogger("graceful")
 
@@ -28,7 +29,8 @@ Hook = Callable[[], Awaitable[None]]
 _HOOK_MEANING = "async hooks (deregister, flush audit data); cut off when they overrun"
 # A hook is awaited mid-drain: one that is not callable, not async or wants arguments is refused
 # when the options are resolved, not found out by the drain that calls it.
-_HOOK_READ, _HOOK_CHECK = callable_kind("an async function of no arguments (async def hook(): ...)", awaited=True)
+_HOOK = callable_kind("an async function of no arguments (async def hook(): ...)", awaited=True)
+_MODULE_FUNCTION = "`module:function`, imported"
 
 
 @dataclass(frozen=True)
@@ -37,42 +39,47 @@ class DrainConfig:
 
     budget: Budget
     admit_during_propagation: bool = option(
-        True,
-        flag,
-        "`1`/`0` (also `true`/`false`, `yes`/`no`, `on`/`off`)",
-        "keep admitting until the propagation wait ends; False refuses from the drain's first instant (see below)",
+        default=True,
+        kind=FLAG,
+        value="`1`/`0` (also `true`/`false`, `yes`/`no`, `on`/`off`)",
+        meaning="keep admitting until the propagation wait ends; False refuses from the drain's first instant "
+        "(see below)",
+        noun="admission mode",
     )
     handoff_streams: bool = option(
-        False,
-        flag,
-        "`1`/`0`",
-        "once the propagation wait has passed, end resumable SSE streams at once with the final event, "
+        default=False,
+        kind=FLAG,
+        value="`1`/`0`",
+        meaning="once the propagation wait has passed, end resumable SSE streams at once with the final event, "
         "for the client to continue elsewhere (see [Resumable streams](resume.md))",
     )
     admission: Admission = option(
-        "all",
-        read_mode,
-        "`all` or `fits`",
-        "during a drain, `all` admits every request the drain would; `fits` only those expected to finish "
+        default="all",
+        kind=Kind(read_mode, check_mode, choices=MODES),
+        value="`all` or `fits`",
+        meaning="during a drain, `all` admits every request the drain would; `fits` only those expected to finish "
         "before this replica ends them, refusing the others with the not-started 503 "
         "(see [Admission during a drain](budget.md#admission-during-a-drain))",
-        check=check_mode,
     )
-    on_drain_start: Hook | None = option(
-        None, _HOOK_READ, "`module:function`, imported", _HOOK_MEANING, check=_HOOK_CHECK
-    )
-    on_drained: Hook | None = option(None, _HOOK_READ, "`module:function`, imported", _HOOK_MEANING, check=_HOOK_CHECK)
+    on_drain_start: Hook | None = option(default=None, kind=_HOOK, value=_MODULE_FUNCTION, meaning=_HOOK_MEANING)
+    on_drained: Hook | None = option(default=None, kind=_HOOK, value=_MODULE_FUNCTION, meaning=_HOOK_MEANING)
     hook_timeout: float = option(
-        5.0, duration, "a duration", "how long `on_drained` may take (never past deadline + reserve/2)"
+        default=5.0,
+        kind=duration(),
+        value="a duration",
+        meaning="how long `on_drained` may take (never past deadline + reserve/2)",
     )
     unwind_timeout: float = option(
-        2.0, duration, "a duration", "after the deadline, how long to wait for cancelled work to unwind"
+        default=2.0,
+        kind=duration(),
+        value="a duration",
+        meaning="after the deadline, how long to wait for cancelled work to unwind",
     )
     drain_on_sigterm: bool = option(
-        True,
-        flag,
-        "`1`/`0`",
-        "SIGTERM/SIGINT start the drain and reach the server's own handler once it has ended "
+        default=True,
+        kind=FLAG,
+        value="`1`/`0`",
+        meaning="SIGTERM/SIGINT start the drain and reach the server's own handler once it has ended "
         "(see [outside Kubernetes](outside-kubernetes.md)); False leaves them to the server",
     )
     # Not an option: the names of the options given in code, read-only. The others came from their
@@ -81,21 +88,23 @@ class DrainConfig:
 
     @classmethod
     def resolve(cls, given: Mapping[str, Any], environ: Mapping[str, str]) -> DrainConfig:
-        """Parse the options given (``UNSET`` where not; durations as numbers or strings), filling the rest
-        from their variables in ``environ``, else the defaults; raises TypeError, or ConfigError as a server
-        that imports the app reports in one line (``reported``: ``Drain(...)`` is often built at import)."""
-        unknown = set(given) - DRAIN_OPTIONS
+        """The drain options ``given`` (``UNSET`` where not; durations as numbers or strings; a budget option
+        given as None is not given), the rest from their variables in ``environ``, else the defaults (``Given``);
+        raises TypeError, or ConfigError as a server that imports the app reports in one line (``reported``:
+        ``Drain(...)`` is often built at import)."""
+        unknown = {name for name, value in given.items() if value is not UNSET} - DRAIN_OPTIONS
         if unknown:
             raise TypeError(f"unknown drain option(s) {sorted(unknown)}; the options are {sorted(DRAIN_OPTIONS)}")
+        options = Given(
+            DRAIN_DECLARED,
+            environ,
+            {name: UNSET if value is None and name in _BUDGET else value for name, value in given.items()},
+        )
         try:
-            budget = Budget.resolve(environ=environ, **{name: given.get(name, UNSET) for name in _BUDGET})
-            passed = check_given(_OWN, {name: value for name, value in given.items() if name in _OWN})
-            found, _ = from_environ(_OWN, (name for name in _OWN if name not in passed), environ)
+            budget = Budget.from_given(options)
+            config = cls(budget, **{name: options.value(name) for name in _OWN}, in_code=options.in_code)
         except ConfigError as exc:
             raise reported(exc).with_traceback(None) from None
-        # A budget option given as None is not given (Budget.resolve's rule): its variable fills it.
-        in_code = {name for name in _BUDGET if given.get(name) is not None and given[name] is not UNSET}
-        config = cls(budget, **{**found, **passed}, in_code=frozenset(in_code | passed.keys()))
         for problem in budget.problems(admit=config.admit_during_propagation):
             logger.warning("budget: %s", problem)
         logger.debug("budget: %s", budget.describe(admit=config.admit_during_propagation))
@@ -127,14 +136,20 @@ class Overrides:
         timeout: float | str | None = None,
     ) -> None:
         budget = config.budget
-        wait = budget.propagation_wait
-        if propagation_wait is not None:
-            wait = parse_duration(propagation_wait, name="propagation_wait")
-        quiet = budget.propagation_quiet
-        if propagation_quiet is not None:
-            quiet = parse_duration(propagation_quiet, name="propagation_quiet")
-            check_quiet(quiet, wait, given=propagation_quiet)
-        limit = budget.check_wait(wait, timeout=None if timeout is None else parse_duration(timeout, name="timeout"))
+        options = {"propagation_wait": propagation_wait, "propagation_quiet": propagation_quiet, "timeout": timeout}
+        given = Given(_OVERRIDES, {}, not_none(options))
+        wait: float = budget.propagation_wait if propagation_wait is None else given.value("propagation_wait")
+        quiet: float | None = (
+            budget.propagation_quiet if propagation_quiet is None else given.value("propagation_quiet")
+        )
+        own_timeout = given.value("timeout")
+        try:
+            if propagation_quiet is not None and quiet is not None:  # checked against this drain's wait
+                check_quiet(quiet, wait)
+            limit = budget.judge(wait, timeout=own_timeout)
+        except ConfigError as exc:
+            wrong = exc.named("", _this_drain)
+            raise wrong from None
         self.wait: float = wait
         self.quiet: float | None = quiet
         self.limit: float = limit
@@ -143,15 +158,16 @@ class Overrides:
         return self.wait, self.quiet, self.limit
 
 
-def check_given(table: Mapping[str, tuple[Any, Env]], given: Mapping[str, Any]) -> dict[str, Any]:
-    """The options passed in code (not ``UNSET``), checked by their declarations (``Env.check``: a flag
-    must be a bool, a duration parses, a hook is an async function...); raises :class:`ConfigError`
-    naming the option as passed, the value and the fix."""
-    return {name: table[name][1].check(name, value) for name, value in given.items() if value is not UNSET}
+def _this_drain(option: str) -> str:
+    """How a drain's overrides name an option: its own ``timeout`` is this drain's, beside the configured one."""
+    return "this drain's timeout" if option == "timeout" else option
 
 
-_BUDGET = declared(Budget)
+_BUDGET = BUDGET_DECLARED
 _OWN = declared(DrainConfig)
 # Every drain option, in the order of the documentation's table: the budget's, then the drain's own.
 DRAIN_DECLARED = _BUDGET | _OWN
 DRAIN_OPTIONS = frozenset(DRAIN_DECLARED)
+# What a drain's overrides take: the budget's wait and quiet period, and its own timeout (no rule alone).
+_OVERRIDES: dict[str, tuple[Any, Env]] = {name: _BUDGET[name] for name in ("propagation_wait", "propagation_quiet")}
+_OVERRIDES["timeout"] = (None, Env(duration(optional=True), "a duration", "this drain's timeout", None, None))

@@ -19,7 +19,7 @@ from typing import Never
 from ._admission import Admission
 from ._budget import Budget
 from ._core import Core, Duration
-from ._environ import UNSET
+from ._environ import UNSET, Unset
 from ._ledger import NotAccepting, track
 from ._options import DRAIN_OPTIONS, DrainConfig, Hook, Overrides
 from ._status import DRAINING, FAILED, SERVING, DrainResult, DrainStatus, Failure, State
@@ -49,24 +49,38 @@ class Drain:
     def __init__(
         self,
         *,
-        grace_period: Duration = UNSET,
-        reserve: Duration = UNSET,
-        drain_timeout: Duration = UNSET,
-        propagation_wait: Duration = UNSET,
-        propagation_quiet: Duration = UNSET,
-        admit_during_propagation: bool = UNSET,
-        handoff_streams: bool = UNSET,
-        admission: Admission = UNSET,
-        on_drain_start: Hook | None = UNSET,
-        on_drained: Hook | None = UNSET,
-        hook_timeout: Duration = UNSET,
-        unwind_timeout: Duration = UNSET,
-        drain_on_sigterm: bool = UNSET,
+        grace_period: Duration | Unset = UNSET,
+        reserve: Duration | Unset = UNSET,
+        drain_timeout: Duration | Unset = UNSET,
+        propagation_wait: Duration | Unset = UNSET,
+        propagation_quiet: Duration | Unset = UNSET,
+        admit_during_propagation: bool | Unset = UNSET,
+        handoff_streams: bool | Unset = UNSET,
+        admission: Admission | Unset = UNSET,
+        on_drain_start: Hook | None | Unset = UNSET,
+        on_drained: Hook | None | Unset = UNSET,
+        hook_timeout: Duration | Unset = UNSET,
+        unwind_timeout: Duration | Unset = UNSET,
+        drain_on_sigterm: bool | Unset = UNSET,
         **unknown: Never,
     ) -> None:
         if unknown:
             raise TypeError(f"unknown drain option(s) {sorted(unknown)}; the options are {sorted(DRAIN_OPTIONS)}")
-        given = {name: value for name, value in locals().items() if name in DRAIN_OPTIONS}
+        given = {
+            "grace_period": grace_period,
+            "reserve": reserve,
+            "drain_timeout": drain_timeout,
+            "propagation_wait": propagation_wait,
+            "propagation_quiet": propagation_quiet,
+            "admit_during_propagation": admit_during_propagation,
+            "handoff_streams": handoff_streams,
+            "admission": admission,
+            "on_drain_start": on_drain_start,
+            "on_drained": on_drained,
+            "hook_timeout": hook_timeout,
+            "unwind_timeout": unwind_timeout,
+            "drain_on_sigterm": drain_on_sigterm,
+        }
         self.config = DrainConfig.resolve(given, os.environ)  # the edge: variables fill what is not passed
         self._core = Core(self.config)
 

@@ -13,7 +13,8 @@ from typing import Literal
 
 import httpx
 
-from .._drain._durations import DEFAULT_GRACE_PERIOD, check_wait, default_reserve, drain_limit, parse_duration
+from .._drain._durations import DEFAULT_GRACE_PERIOD, check_wait, default_reserve, drain_limit
+from .._drain._environ import parse_duration
 from .._drain._errors import ConfigError
 from ._page import parse_metric
 from ._presets import PRESETS, EnginePreset
@@ -168,13 +169,15 @@ class EngineConfig:
         wait = 0.0 if self.propagation_wait is None else parse_duration(self.propagation_wait, name="propagation-wait")
         limit = self.limit
         rule = "grace period - reserve" if share is None else f"{share:.0%} of the grace period"
-        check_wait(
-            wait,
-            limit,
-            wait_name="propagation-wait",
-            bound=f"the {limit:g}s budget, min(timeout, {rule})",
-            fix="raise the grace period or the timeout",
-        )
+        try:
+            check_wait(
+                wait,
+                limit,
+                bound=f"the {limit:g}s budget, min(timeout, {rule})",
+                fix="raise the grace period or the timeout",
+            )
+        except ConfigError as exc:
+            raise exc.named("", lambda option: option.replace("_", "-")) from None  # as engine mode's messages name it
         for name, value in (
             ("preset", preset),
             ("metrics", names),

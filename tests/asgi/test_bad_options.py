@@ -210,12 +210,12 @@ FROM_VARIABLES: list[tuple[dict[str, str], str]] = [
     ),
     (
         {"GRACEFUL_PROPAGATION_QUIET": "0"},
-        "propagation_quiet: '0' (environment variable GRACEFUL_PROPAGATION_QUIET='0') must be above 0",
+        "environment variable GRACEFUL_PROPAGATION_QUIET: '0' must be above 0",
     ),
     (
         {"GRACEFUL_PROPAGATION_QUIET": "5s", "GRACEFUL_PROPAGATION_WAIT": "2s"},
-        "propagation_quiet 5s (environment variable GRACEFUL_PROPAGATION_QUIET='5s') is longer than "
-        "propagation_wait (GRACEFUL_PROPAGATION_WAIT) 2s",
+        "propagation_quiet (GRACEFUL_PROPAGATION_QUIET) 5s is longer than propagation_wait (GRACEFUL_PROPAGATION_WAIT) "
+        "2s",
     ),
     ({"GRACEFUL_DRAIN_TIMEOUT": "soon"}, "environment variable GRACEFUL_DRAIN_TIMEOUT: 'soon' is not a duration"),
     ({"GRACEFUL_HOOK_TIMEOUT": "-1s"}, "environment variable GRACEFUL_HOOK_TIMEOUT: '-1s' is negative"),

@@ -294,7 +294,8 @@ def test_graceful_drain_checks_its_budget_before_it_looks_for_servers(tmp_path: 
     empty = str(tmp_path)  # no server here: the budget error must come first
     expected = (
         "graceful drain: --propagation-wait 20s is longer than the whole drain: --grace-period 10s leaves the drain 5s "
-        "after the reserve; shorten --propagation-wait or raise --grace-period"
+        "after the reserve 5s; shorten --propagation-wait or raise --grace-period, the pod's "
+        "terminationGracePeriodSeconds"
     )
     hook = subprocess.run(
         [sys.executable, "-m", "graceful", *IMPOSSIBLE, "--socket-dir", empty],

@@ -1,14 +1,16 @@
 """Values no pod can have are refused wherever they are given (issue 51): a grace period over a year and a
 zero drain timeout, as Python options, as variables and (tests/cli/test_bad_input.py) as flags, by one rule
-(``_durations.check_option``) that names the value as the user gave it."""
+(``_durations.check_option``); the edge that took the value names it as the user gave it."""
 
 from __future__ import annotations
 
+import click
 import pytest
 
 from graceful import ConfigError, Drain
-from graceful._drain._budget import Budget
-from graceful._drain._durations import MAX_GRACE_PERIOD, check_option
+from graceful._cli._params import DURATION
+from graceful._drain._budget import BUDGET_DECLARED, Budget
+from graceful._drain._durations import MAX_GRACE_PERIOD, RULES, check_option, reserve_seconds, seconds
 
 YEAR = "is longer than a year, the longest accepted; set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
 ZERO = "leaves no time to drain; give the longest the drain may take (e.g. 60s), or leave it unset"
@@ -49,21 +51,32 @@ def test_the_constructor_refuses_them_in_one_line() -> None:
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("grace_period", "0", "--flag: '0' leaves no time to drain"),
-        ("grace_period", "1e20", f"--flag: '1e20' {YEAR}"),
-        ("drain_timeout", "0", f"--flag: '0' {ZERO}"),
-        ("propagation_quiet", "0", "--flag: '0' must be above 0"),
-        ("timeout", "soon", "--flag: 'soon' is not a duration"),
+        ("grace_period", "0", "'0' leaves no time to drain"),
+        ("grace_period", "1e20", f"'1e20' {YEAR}"),
+        ("drain_timeout", "0", f"'0' {ZERO}"),
+        ("propagation_quiet", "0", "'0' must be above 0"),
+        ("timeout", "soon", "'soon' is not a duration"),
     ],
 )
 def test_a_flag_is_held_to_its_options_rule_with_its_name_and_the_value_as_typed(
     option: str, value: str, message: str
 ) -> None:
-    with pytest.raises(ConfigError) as refused:
-        check_option(option, value, name="--flag")
-    assert str(refused.value).startswith(message)
+    """The rule says the value and the fix; the flag's edge (click's DURATION) names the flag."""
+    flag = "--" + option.replace("_", "-")
+    command = click.Command("x", params=[click.Option([flag, option], type=DURATION)])
+    with pytest.raises(click.BadParameter) as refused:
+        command.make_context("x", [flag, value])
+    assert refused.value.format_message().startswith(f"Invalid value for {flag!r}: {message}")
 
 
 def test_a_value_that_holds_its_rule_is_its_seconds() -> None:
-    assert check_option("grace_period", "1m30s", name="--grace-period") == 90.0
-    assert check_option("timeout", "0", name="--timeout") == 0.0  # a drain's own timeout has no rule alone
+    assert check_option("grace_period", "1m30s") == 90.0
+    assert check_option("timeout", "0") == 0.0  # a drain's own timeout has no rule alone
+
+
+def test_a_flag_holds_the_rule_its_field_declares() -> None:
+    """One rule per option: the flags' (``RULES``, by option) are the budget fields' (the reserve's needs the
+    grace period, so it is judged once both are known)."""
+    rules = {name: env.kind.seconds for name, (_, env) in BUDGET_DECLARED.items()}
+    assert rules.pop("reserve") is reserve_seconds
+    assert rules == {name: RULES.get(name, seconds) for name in rules}

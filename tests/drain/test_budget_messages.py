@@ -8,15 +8,22 @@ import math
 
 import pytest
 
-from graceful import Budget, ConfigError
-from graceful._drain._durations import FLAGS, check_wait, judge_drain, parse_duration, resolve_grace, resolve_reserve
+from graceful import Budget, ConfigError, Drain
+from graceful._drain._durations import check_wait, grace_seconds, judge_drain, reserve_seconds
+from graceful._drain._environ import parse_duration
+from graceful._drain._options import Overrides
+
+
+def flag(option: str) -> str:
+    """How the preStop hook names an option: its flag."""
+    return "--" + option.replace("_", "-")
 
 
 def test_a_wait_as_long_as_the_limit_fits() -> None:
-    check_wait(5.0, 5.0, wait_name="--propagation-wait", bound="--timeout is 5s", fix="raise --timeout")
+    check_wait(5.0, 5.0, bound="{timeout} is 5s", fix="raise {timeout}")
     with pytest.raises(ConfigError) as refused:
-        check_wait(5.5, 5.0, wait_name="--propagation-wait", bound="--timeout is 5s", fix="raise --timeout")
-    assert str(refused.value) == (
+        check_wait(5.5, 5.0, bound="{timeout} is 5s", fix="raise {timeout}")
+    assert str(refused.value.named("", flag)) == (
         "--propagation-wait 5.5s is longer than the whole drain: --timeout is 5s; shorten --propagation-wait "
         "or raise --timeout"
     )
@@ -24,25 +31,25 @@ def test_a_wait_as_long_as_the_limit_fits() -> None:
 
 def test_without_a_grace_period_only_the_timeouts_bound_the_drain() -> None:
     """The preStop hook without --grace-period: no room is known, the timeouts alone make the limit."""
-    assert judge_drain(5, grace=None, reserve=0.0, drain_timeout=None, timeout=10, voice=FLAGS) == 10
-    assert judge_drain(5, grace=None, reserve=0.0, drain_timeout=8, timeout=None, voice=FLAGS) == 8
-    assert judge_drain(5, grace=None, reserve=0.0, drain_timeout=None, timeout=None, voice=FLAGS) == math.inf
+    assert judge_drain(5, grace=None, reserve=0.0, drain_timeout=None, timeout=10) == 10
+    assert judge_drain(5, grace=None, reserve=0.0, drain_timeout=8, timeout=None) == 8
+    assert judge_drain(5, grace=None, reserve=0.0, drain_timeout=None, timeout=None) == math.inf
 
 
 def test_a_drains_own_timeout_is_named_when_it_ties_with_the_configured_one() -> None:
-    budget = Budget(grace_period=30, reserve=5, drain_timeout=10)
+    config = Drain(grace_period=30, reserve=5, drain_timeout=10).config
     with pytest.raises(ConfigError) as refused:
-        budget.check_wait(12, timeout=10)
+        Overrides(config, propagation_wait=12, timeout=10)
     assert str(refused.value) == (
         "propagation_wait 12s is longer than the whole drain: this drain's timeout is 10s; "
-        "shorten propagation_wait or raise the timeout"
+        "shorten propagation_wait or raise this drain's timeout"
     )
 
 
 def test_the_configured_timeout_is_named_when_it_ties_with_the_grace_periods_room() -> None:
     budget = Budget(grace_period=30, reserve=5, drain_timeout=25)
     with pytest.raises(ConfigError) as refused:
-        budget.check_wait(30)
+        budget.judge(30)
     assert str(refused.value) == (
         "propagation_wait 30s is longer than the whole drain: drain_timeout is 25s; "
         "shorten propagation_wait or raise drain_timeout"
@@ -58,12 +65,12 @@ def test_the_configured_timeout_from_its_variable_is_named_with_it() -> None:
     )
 
 
-def test_the_prestop_hooks_words_leave_the_reserve_unshown() -> None:
+def test_the_prestop_hooks_words_are_its_flags() -> None:
     with pytest.raises(ConfigError) as refused:
-        judge_drain(30, grace=30, reserve=5, drain_timeout=None, timeout=None, voice=FLAGS)
-    assert str(refused.value) == (
+        judge_drain(30, grace=30, reserve=5, drain_timeout=None, timeout=None)
+    assert str(refused.value.named("", flag)) == (
         "--propagation-wait 30s is longer than the whole drain: --grace-period 30s leaves the drain 25s after "
-        "the reserve; shorten --propagation-wait or raise --grace-period"
+        "the reserve 5s; shorten --propagation-wait or raise --grace-period, the pod's terminationGracePeriodSeconds"
     )
 
 
@@ -101,16 +108,18 @@ def test_a_negative_sign_before_no_duration_is_not_a_duration() -> None:
     )
 
 
-def test_the_grace_period_and_reserve_rules_name_the_options_by_default() -> None:
+def test_the_grace_period_and_reserve_rules_say_the_value_and_the_fix() -> None:
+    """The rules name no option of their own: the edge that took the value puts its name first."""
     with pytest.raises(ConfigError) as refused:
-        resolve_grace(0)
-    assert str(refused.value) == (
-        "grace_period: 0 leaves no time to drain; set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
+        grace_seconds(0)
+    assert (
+        str(refused.value) == "0 leaves no time to drain; set it to the pod's terminationGracePeriodSeconds (e.g. 30)"
     )
     with pytest.raises(ConfigError) as refused:
-        resolve_reserve(30, 40)
-    assert str(refused.value) == (
-        "reserve: 40 is not smaller than grace_period 30s; lower the reserve or raise the grace period"
+        reserve_seconds(40, 30)
+    assert str(refused.value) == "40 is not smaller than grace_period 30s; lower the reserve or raise the grace period"
+    assert str(refused.value.named("--reserve", flag)) == (
+        "--reserve: 40 is not smaller than --grace-period 30s; lower the reserve or raise the grace period"
     )
 
 

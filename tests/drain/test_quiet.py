@@ -25,7 +25,7 @@ import graceful._drain._state
 from graceful import ConfigError, Drain, GracefulMiddleware, State
 from graceful._admin._client import WorkerDrain
 from graceful._asgi._types import Message, Receive, Scope, Send
-from graceful._cli._servers import _progress_line
+from graceful._cli._drain_client import _progress_line
 from graceful._drain._state import core
 
 pytestmark = pytest.mark.anyio
@@ -299,7 +299,8 @@ def test_env_variable_sets_it_and_names_itself_when_wrong(monkeypatch: pytest.Mo
     monkeypatch.setenv("GRACEFUL_PROPAGATION_QUIET", "20s")
     with pytest.raises(ConfigError) as info:
         Drain(propagation_wait=10)
-    assert "GRACEFUL_PROPAGATION_QUIET='20s'" in str(info.value) and "propagation_wait 10s" in str(info.value)
+    assert "propagation_quiet (GRACEFUL_PROPAGATION_QUIET) 20s" in str(info.value)
+    assert "propagation_wait 10s" in str(info.value)
 
 
 @pytest.mark.parametrize("off", ["none", "off", " None "])
