@@ -18,6 +18,7 @@ import click
 
 from graceful import ConfigError, parse_duration
 
+from . import short_grace
 from .advice import advise
 from .balancer import BALANCERS
 from .envoy import RETRIES
@@ -103,6 +104,15 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     ),
 )
 @click.option(
+    "--admission",
+    type=click.Choice(["all", "fits"]),
+    default=None,
+    help=(
+        "Graceful side: graceful run --admission [default all]. In short-grace the first column is "
+        "admission all and the second admission fits, unless this is given."
+    ),
+)
+@click.option(
     "--gateway",
     type=click.Choice(GATEWAYS),
     default=None,
@@ -150,7 +160,10 @@ def rollout_command(
         click.echo(f"rollout: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     try:
-        outcome = asyncio.run(_run(options, skip_baseline, records))
+        admission_given = given.get("admission") is not None
+        if scenario == "short-grace" and not skip_baseline and not admission_given:
+            options = replace(options, admission="fits")  # the second column; the first is admission all
+        outcome = asyncio.run(_run(options, skip_baseline, records, admission_given))
     except RuntimeError as exc:
         click.echo(f"rollout: the demo could not run: {exc}", err=True)
         sys.exit(EXIT_FAILED)
@@ -162,6 +175,12 @@ def rollout_command(
     grace = side_summary(graceful, options)
     click.echo("")
     click.echo(render(base, grace, options))
+    kinds = short_grace.sides(baseline, graceful) if options.scenario == "short-grace" else []
+    if kinds:
+        click.echo("")
+        click.echo("Per client kind (answers lost at a drain's deadline, refusals, retries):")
+        for line in short_grace.render_kinds(kinds):
+            click.echo(f"  {line}")
     advice_lines, advice = advise(graceful, options, log_dir)
     if advice_lines:
         click.echo("")
@@ -169,6 +188,8 @@ def rollout_command(
         for line in advice_lines:
             click.echo(f"  {line}")
     broken = expectations(grace, options)
+    if options.scenario == "short-grace" and kinds:
+        broken.extend(short_grace.broken(kinds[-1][1]) if graceful.admission == "fits" else [])
     if broken:
         click.echo(f"graceful: FAILED its promise for {scenario}: {', '.join(broken)} (replica logs in {log_dir})")
     else:
@@ -176,6 +197,8 @@ def rollout_command(
     if report is not None:
         with open(report, "w", encoding="utf-8") as out:
             document = {"scenario": scenario, "baseline": base, "graceful": grace, "broken": broken, "advice": advice}
+            if kinds:
+                document["kinds"] = {label: counts.as_dict() for label, counts in kinds}
             json.dump(document, out, indent=2)
     if plot is not None:
         from graceful._soak._report import write_plot
@@ -187,7 +210,9 @@ def rollout_command(
     sys.exit(EXIT_BROKEN if broken else EXIT_OK)
 
 
-async def _run(options: Options, skip_baseline: bool, records: str | None) -> tuple[SideResult | None, SideResult, str]:
+async def _run(
+    options: Options, skip_baseline: bool, records: str | None, admission_given: bool = False
+) -> tuple[SideResult | None, SideResult, str]:
     log_dir = tempfile.mkdtemp(prefix="graceful-rollout-")
 
     def log(line: str) -> None:
@@ -199,7 +224,15 @@ async def _run(options: Options, skip_baseline: bool, records: str | None) -> tu
         log(f"vllm: {options.vllm_setup.command}, model {options.vllm_setup.model}")
     baseline = None
     server = "vllm serve" if options.vllm else "uvicorn"
-    if not skip_baseline and options.handoff_streams:
+    if not skip_baseline and options.scenario == "short-grace" and not admission_given:
+        # The column to compare with: the same graceful side admitting every request (admission all).
+        log("admission all: graceful run --admission all + preStop graceful drain")
+        compare = replace(options, admission="all")
+        baseline = await run_side(
+            "graceful", compare, log_dir=log_dir, log=log, records_path=records_file(records, "admission-all")
+        )
+        options = replace(options, admission="fits")
+    elif not skip_baseline and options.handoff_streams:
         # The column to compare with: the same graceful side without handoff (in long-streams-handoff: long-streams).
         if options.scenario == "long-streams-handoff":
             name, waited = "long-streams", "until the deadline"
@@ -216,7 +249,11 @@ async def _run(options: Options, skip_baseline: bool, records: str | None) -> tu
             "baseline", options, log_dir=log_dir, log=log, records_path=records_file(records, "baseline")
         )
     inside = "vllm serve --middleware graceful.GracefulMiddleware" if options.vllm else "graceful run"
-    log(f"graceful: {inside} + preStop graceful drain" + (", streams handed off" if options.handoff_streams else ""))
+    log(
+        f"graceful: {inside} + preStop graceful drain"
+        + (", streams handed off" if options.handoff_streams else "")
+        + (f", admission {options.admission}" if options.admission != "all" else "")
+    )
     graceful = await run_side(
         "graceful", options, log_dir=log_dir, log=log, records_path=records_file(records, "graceful")
     )

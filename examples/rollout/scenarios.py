@@ -21,6 +21,7 @@ from .balancer import L7_BALANCERS, Envoy, Nginx, open_balancer
 from .litellm import MODEL, check_gateway, open_gateway
 from .node import missing_node, node_streams
 from .replica import Kind, ReplicaSettings
+from .short_grace import RETRYING, STRICT
 from .timeline import Plan, Rollout, Termination
 from .vllm import MODEL_NAME, VllmSetup, find_vllm, prepare
 
@@ -37,6 +38,7 @@ SCENARIOS = (
     "observed-propagation",
     "client-disconnect",
     "node-loss",
+    "short-grace",
 )
 # What --vllm runs: the scenarios that need nothing of the example server but its API.
 VLLM_SCENARIOS = ("default", "strict-clients")
@@ -72,6 +74,8 @@ class Options:
     active_hc: bool = False  # --balancer envoy: active health checking of /ready every 30 s
     announce_drain: bool = True  # the graceful side's responses announce its drain (GRACEFUL_ANNOUNCE_DRAIN)
     handoff_streams: bool = False  # the graceful side hands resumable streams off after the propagation wait
+    admission: str = "all"  # the graceful side's admission option: all, or fits (GRACEFUL_ADMISSION)
+    stream_weights: tuple[float, ...] | None = None  # the stream workers' shares by length (None: 1, 1/2, 1/3...)
     resume: bool = False  # clients send through graceful's resuming transport (graceful soak --resume)
     gateway: str | None = None  # --gateway litellm: clients send through a LiteLLM proxy (examples/rollout/litellm.py)
     node_streams: int = (
@@ -179,7 +183,9 @@ class Options:
             if "grace_period" not in user:
                 room = options.propagation_wait + 2 * options.longest_stream + 2.0
                 options = replace(options, grace_period=room + (options.reserve or max(10.0, 0.3 * room)))
-        if options.admit_during_propagation and not quick and "grace_period" not in user:
+        if scenario == "short-grace":
+            options = _short_grace(options, user, quick=quick)
+        elif options.admit_during_propagation and not quick and "grace_period" not in user:
             # Serving pinned connections after the window means a connection busy at drain
             # start can bring one more request when its stream ends: the budget rule (docs/kubernetes.md) is
             # propagation + 2 x longest request (with queueing) + reserve. 120 s is the value
@@ -264,6 +270,7 @@ class Options:
             ignore_term=self.scenario == "ignore-term",
             handoff_streams=self.handoff_streams,
             announce_drain=self.announce_drain,
+            admission=self.admission,
             log_dir=log_dir,
             vllm=self.vllm_setup,
         )
@@ -283,6 +290,20 @@ class Options:
     def traffic(self, url: str, headers: Mapping[str, str] | None = None) -> list[SoakConfig]:
         """Short/long requests plus one closed loop per stream length, sharing ``concurrency``; ``headers`` go
         with every request."""
+        return [config for _, config in self.client_traffic(url, headers)]
+
+    def client_traffic(self, url: str, headers: Mapping[str, str] | None = None) -> list[tuple[str, SoakConfig]]:
+        """``traffic``, each config with its client kind: in short-grace, half the clients retry not-started
+        503s (the SDK's policy, no resuming) and half are strict; elsewhere every client is as ``retry`` says."""
+        if self.scenario != "short-grace":
+            return [(self.retry, config) for config in self._traffic(url, headers)]
+        half = replace(self, concurrency=max(2, self.concurrency // 2), resume=False)
+        return [
+            *((RETRYING, c) for c in replace(half, retry="sdk")._traffic(url, headers)),
+            *((STRICT, c) for c in replace(half, retry="none")._traffic(url, headers)),
+        ]
+
+    def _traffic(self, url: str, headers: Mapping[str, str] | None = None) -> list[SoakConfig]:
         streams = len(self.stream_tokens)
         plain = max(1, self.concurrency // 2)
         per_stream = max(1, (self.concurrency - plain) // streams)
@@ -315,7 +336,7 @@ class Options:
             )
         ]
         # Shorter streams get more of the workers, so every length is well represented.
-        weights = [1.0 / (i + 1) for i in range(streams)]
+        weights = list(self.stream_weights or [1.0 / (i + 1) for i in range(streams)])
         share = self.concurrency - plain
         for tokens, weight in zip(sorted(self.stream_tokens), weights):
             workers = max(1, round(share * weight / sum(weights))) if streams > 1 else max(1, per_stream)
@@ -347,6 +368,8 @@ class SideResult:
     notes: list[str] = field(default_factory=list)
     reloads: list[tuple[float, float]] = field(default_factory=list)  # nginx: reload start, old workers gone
     gateway: str | None = None  # --gateway: what ran in front of the balancer
+    admission: str = "all"  # the graceful side's admission option
+    client_kinds: dict[str, str] = field(default_factory=dict)  # request id -> its client kind (short-grace)
 
 
 async def run_side(
@@ -398,10 +421,16 @@ async def run_side(
 
             started, t0 = time.time(), time.monotonic()
             walkaways = 0
+            kinds: dict[str, str] = {}
+
+            def keep_kind(client: str, record: RequestRecord) -> None:
+                kinds[record.request_id] = client
+                keep(record)
+
             try:
                 async with anyio.create_task_group() as tg:
-                    for config in options.traffic(url, gateway.headers if gateway is not None else None):
-                        tg.start_soon(_soak, config, stop, keep)
+                    for client, config in options.client_traffic(url, gateway.headers if gateway is not None else None):
+                        tg.start_soon(_soak, config, stop, functools.partial(keep_kind, client))
                     if gateway is not None:
                         callers = _node_callers(options, gateway.url, gateway.key, stop, keep)
                         if isinstance(callers, str):
@@ -461,6 +490,8 @@ async def run_side(
             notes=notes,
             handoff_streams=options.handoff_streams,
             gateway=gateway.name if gateway is not None else None,
+            admission=options.admission,
+            client_kinds=kinds,
         )
 
 
@@ -521,6 +552,33 @@ async def _walk_away(url: str, stop: anyio.Event, options: Options) -> int:
                         left += 1
             await anyio.sleep(0.2)
     return left
+
+
+def _short_grace(options: Options, user: Mapping[str, Any], *, quick: bool) -> Options:
+    """short-grace: the grace period holds a stream already in flight at the drain's start, but not the
+    propagation wait and the longest stream: a long stream admitted late in the wait is cut (admission all)
+    unless it is refused (admission fits). The balancer keeps sending for most of the wait (a slow endpoint
+    removal), and most stream workers ask for the longest streams, so that drains see them arrive late.
+    Drains do not overlap (the step pause is longer than the budget), so each refusal has one deadline."""
+    if quick:
+        # 20 tokens/s: streams of 1 and 8 s; 10 s to the deadline, a wait of 4 s, sent to for 3.5 s.
+        sizes: dict[str, Any] = dict(
+            grace_period=12.0, reserve=2.0, propagation_wait=4.0, lb_delay=3.5, stream_tokens=(20, 160), step_pause=11.0
+        )
+    else:
+        # 10 tokens/s: streams of 1 and 24 s; 28 s to the deadline, a wait of 12 s, sent to for 11 s.
+        sizes = dict(
+            grace_period=30.0,
+            reserve=2.0,
+            propagation_wait=12.0,
+            lb_delay=11.0,
+            stream_tokens=(10, 240),
+            replicas=3,
+            updates=2,
+            step_pause=30.0,
+        )
+    sizes["stream_weights"] = (1.0, 3.0)
+    return replace(options, **{key: value for key, value in sizes.items() if key not in user})
 
 
 def _side_name(kind: Kind, options: Options) -> str:
