@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+import yaml
 
 from examples.rollout.balancer import HAProxy
 from examples.rollout.replica import Replica as ProcessReplica
@@ -40,13 +41,14 @@ from tests.litellm.proxy import (
 )
 from tests.litellm.test_litellm import streaming_on
 from tests.resume_utils import TOKENS_PER_SECOND, expected_text, replica, service
-from tests.utils import run_uvicorn
+from tests.utils import ROOT, run_uvicorn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300), needs_litellm]
 
 TOKENS = 160  # 4 s at the example engine's 40 tokens per second: still running at every cut
 PROVIDERS = ["openai", "hosted_vllm"]
 MODEL = "graceful-example"
+DOCS_BRIDGED = Path(ROOT) / "docs_src" / "litellm" / "bridged.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -177,16 +179,17 @@ class Gateway:
 
 @pytest.fixture(scope="module")
 async def gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
-    """Deployments, all opted in but the ``plain-*`` ones: ``openai`` and ``hosted_vllm`` (native Responses),
-    ``bridged`` (``use_chat_completions_api: true``) at the balancer; ``recorded-*`` and ``plain-*`` of each at
-    the recorder. The proxy serves a short stream of each API before the tests: its lazy set-up is paid."""
+    """Deployments, all opted in but the ``plain-*`` ones: ``openai`` and ``hosted_vllm`` (native Responses)
+    and ``bridged`` (docs/litellm.md's, ``use_chat_completions_api: true``) at the balancer; ``recorded-*``
+    and ``plain-*`` of each at the recorder. The proxy serves a short stream of each API before the tests:
+    its lazy set-up is paid."""
     tmp = tmp_path_factory.mktemp("litellm-responses")
     recorder = Recorder()
     async with service() as balancer, run_uvicorn(recorder, lifespan="off") as upstream:
         replicas = f"http://127.0.0.1:{balancer.port}/v1"
         recording = f"http://127.0.0.1:{upstream.port}/v1"
         bridge = {"use_chat_completions_api": True}
-        entries = [deployment("bridged", f"openai/{MODEL}", replicas, resume=True, **bridge)]
+        entries = [bridged_deployment(replicas)]
         for provider in PROVIDERS:
             entries.append(deployment(provider, f"{provider}/{MODEL}", replicas, resume=True))
             entries.append(deployment(f"recorded-{provider}", f"{provider}/m", recording, resume=True))
@@ -204,6 +207,17 @@ async def gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gat
             yield Gateway(proxy, balancer, recorder)
         finally:
             proxy.stop()
+
+
+def bridged_deployment(api_base: str) -> dict[str, Any]:
+    """docs/litellm.md's deployment for the bridge (docs_src/litellm/bridged.yaml), named ``bridged``, its model
+    the example's at ``api_base``."""
+    (entry,) = yaml.safe_load(DOCS_BRIDGED.read_text())["model_list"]
+    params = entry["litellm_params"]
+    assert params["use_chat_completions_api"] is True and entry["model_info"] == {"graceful_resume": True}
+    provider = params["model"].split("/", 1)[0]
+    params.update(model=f"{provider}/{MODEL}", api_base=api_base, api_key="unused")
+    return {**entry, "model_name": "bridged"}
 
 
 @contextlib.asynccontextmanager
@@ -272,9 +286,19 @@ async def uncut_on(port: int) -> ResponsesAnswer:
     return parse_responses([line for line in done.stdout.decode().splitlines() if line.strip()])
 
 
-def check(responses: dict[str, ResponsesAnswer], completions: list[Answer], uncut: ResponsesAnswer) -> None:
+async def check(
+    responses: dict[str, ResponsesAnswer],
+    completions: list[Answer],
+    uncut: ResponsesAnswer,
+    logged: Logged,
+    *,
+    also: int = 0,
+) -> None:
     """Each Responses caller read one response equal to the uncut run; each completions caller the exact
-    text, one finish, one [DONE] and the whole usage."""
+    text, one finish, one [DONE] and the whole usage. LiteLLM logged each request once (and ``also`` more of
+    the same length), with every completion token."""
+    entries = await logged.entries(len(responses) + len(completions) + also)
+    assert [entry["completion_tokens"] for entry in entries] == [TOKENS] * len(entries), entries
     assert uncut.text == expected_text(TOKENS)
     for kind, answer in responses.items():
         try:
@@ -283,6 +307,28 @@ def check(responses: dict[str, ResponsesAnswer], completions: list[Answer], uncu
             raise AssertionError(f"{kind}: {failed}") from None
     for answer in completions:
         answer.assert_whole(expected_text(TOKENS), TOKENS)
+
+
+class Logged:
+    """The proxy's usage log of one deployment from here on (tests/litellm/usage_log.py: one line per request
+    LiteLLM logged)."""
+
+    def __init__(self, proxy: LiteLLMProxy, model: str) -> None:
+        self.proxy = proxy
+        self.model = model
+        self.start = len(proxy.usage())
+
+    def _since(self) -> list[dict[str, Any]]:
+        return [entry for entry in self.proxy.usage()[self.start :] if entry["model_group"] == self.model]
+
+    async def entries(self, count: int) -> list[dict[str, Any]]:
+        """The deployment's entries logged since, once there are ``count`` (LiteLLM logs after a stream's end),
+        and a moment more for any that should not be there."""
+        with anyio.fail_after(10):
+            while len(self._since()) < count:
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.5)
+        return self._since()
 
 
 # -- the native Responses path, and completions, across a handoff drain and a SIGKILL -----------------------
@@ -299,6 +345,7 @@ async def test_a_drain_with_handoff_is_continued_on_every_path(gateway: Gateway,
     async with replica("a", handoff_streams=True) as a, replica("b") as b:
         uncut = await uncut_on(b.port)
         async with behind(gateway.balancer, (a.name, a.port)):
+            logged = Logged(gateway.proxy, provider)
             with calling(gateway.proxy, provider) as callers:
                 await streaming_on(a, len(callers))
                 await gateway.balancer.add(b.name, b.port)
@@ -307,7 +354,7 @@ async def test_a_drain_with_handoff_is_continued_on_every_path(gateway: Gateway,
                 responses, completions = await callers.answers()
     assert result.drained and result.handed_off == len(callers), result
     assert result.duration < 4 and reading, (result.duration, reading)  # the drain did not wait for the streams
-    check(responses, completions, uncut)
+    await check(responses, completions, uncut, logged)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -330,6 +377,7 @@ async def test_a_replica_killed_mid_stream_is_continued_on_every_path(
         async with replica("b") as b:
             uncut = await uncut_on(b.port)
             async with behind(gateway.balancer, ("k", killed.port)):
+                logged = Logged(gateway.proxy, provider)
                 with calling(gateway.proxy, provider) as callers:
                     await callers.reading()
                     await gateway.balancer.add(b.name, b.port)
@@ -337,16 +385,18 @@ async def test_a_replica_killed_mid_stream_is_continued_on_every_path(
                     responses, completions = await callers.answers()
     finally:
         await killed.stop()
-    check(responses, completions, uncut)
+    await check(responses, completions, uncut, logged)
 
 
 async def test_the_bridged_responses_path_is_continued(gateway: Gateway) -> None:
-    """1. a deployment with ``use_chat_completions_api: true``: LiteLLM answers /v1/responses with a chat call
-    to the replica, which graceful's handler sees as one  2. an uncut run through it, then curl -N and the
-    Node SDK through it to replica A (handoff_streams on)  3. B joins, A drains and hands the chat streams
-    off  4. every caller reads one response equal to the uncut run through the bridge"""
+    """1. docs/litellm.md's deployment with ``use_chat_completions_api: true`` (``hosted_vllm/``): LiteLLM
+    answers /v1/responses with a chat call to the replica, which graceful's handler sees as one  2. an uncut
+    run through it, then curl -N and the Node SDK through it to replica A (handoff_streams on)  3. B joins,
+    A drains and hands the chat streams off  4. every caller reads one response equal to the uncut run through
+    the bridge; LiteLLM logged each once, with every completion token"""
     async with replica("a", handoff_streams=True) as a, replica("b") as b:
         async with behind(gateway.balancer, (a.name, a.port)):
+            logged = Logged(gateway.proxy, "bridged")
             uncut = await anyio.to_thread.run_sync(
                 Caller("curl", gateway.proxy.base, "bridged", TOKENS, api="responses").responses_answer
             )
@@ -356,7 +406,7 @@ async def test_the_bridged_responses_path_is_continued(gateway: Gateway) -> None
                 result = await a.app.drain.drain(reason="rollout", propagation_wait=0)
                 responses, _ = await callers.answers()
     assert result.drained and result.handed_off == len(callers) and result.duration < 4, result
-    check(responses, [], uncut)
+    await check(responses, [], uncut, logged, also=1)  # the uncut run's
 
 
 # -- which deployments resume -------------------------------------------------------------------------------
