@@ -320,7 +320,7 @@ def test_the_rules_are_detected() -> None:
 # Where the process's environment is read (docs/architecture.md, "The environment"): the constructors
 # (``Drain``, ``GracefulMiddleware``), the command line and its launcher, and the LiteLLM integration
 # (LiteLLM's own settings, read as LiteLLM reads them). Everything below them is given what it needs.
-ENVIRONMENT_EDGES = {"_drain._state", "_asgi._middleware", "_serve._server", "integrations.litellm"}
+ENVIRONMENT_EDGES = {"_drain._state", "_asgi._middleware", "_serve._launcher", "integrations.litellm"}
 
 
 def reads_environment(tree: ast.Module) -> bool:

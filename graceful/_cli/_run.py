@@ -2,7 +2,7 @@
 
 Its drain flags are the drain options (``graceful/_drain/_options.py``); their help says each one's
 variable and default as the declarations state them. A flag given sets its option's variable for the
-app (``graceful/_serve/_server.py``, ``serve``): it fills what the app's code left unset.
+app (``graceful/_serve/_launcher.py``, ``serve``): it fills what the app's code left unset.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def run_command(
     **values: Any,
 ) -> None:
     """Run APP (module:attr) under uvicorn, draining on SIGTERM."""
-    from .._serve._server import CannotListen, serve  # uvicorn is only needed here: keep `graceful drain` quick
+    from .._serve._launcher import CannotListen, serve  # uvicorn is only needed here: keep `graceful drain` quick
 
     # What goes to uvicorn.Config rather than to the drain.
     server: dict[str, Any] = {key: values.pop(key) for key in ("host", "port", "uds")}

@@ -29,11 +29,15 @@ logger = logging.getLogger("graceful")
 
 
 class Machine(Protocol):
-    """What a run reads from and reports to its drain (``_state.Core`` is one)."""
+    """The drain machine as a run sees it: what the run reads and reports to (``_core.Core`` is the one)."""
 
     config: DrainConfig
     tally: Tally
-    handing_off: bool
+
+    @property
+    def handing_off(self) -> bool: ...
+
+    def start_handoff(self) -> None: ...
 
     @property
     def in_flight(self) -> int: ...

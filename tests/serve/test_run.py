@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from graceful import GracefulMiddleware, State
 from graceful._admin._server import is_listening
 from graceful._asgi._stop import REPEAT_WINDOW
-from graceful._serve._server import GracefulServer
+from graceful._serve._launcher import GracefulServer
 from tests.apps.streaming import app as streaming_app
 from tests.servers import Launched
 from tests.utils import ROOT, listening_socket, run_uvicorn
@@ -551,7 +551,7 @@ def test_the_repeat_window_counts_from_each_signals_arrival(socket_dir: str) -> 
     """uvicorn's supervisor handles its queued signals every 0.5 s, the repeat window's length: a
     duplicate that arrives 0.1 s after the first but straddles a check is still the same stop."""
     from graceful._asgi._stop import FIRST, FORCE, REPEAT, StopSignals
-    from graceful._serve._server import _Supervisor
+    from graceful._serve._launcher import _Supervisor
 
     stops = StopSignals()
     assert stops.received(signal.SIGTERM, at=100.0) is FIRST

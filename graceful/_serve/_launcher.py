@@ -327,7 +327,7 @@ def serve(target: str, flags: Sequence[Flag] = (), *, app_dir: str | None = None
     logger.info("budget: %s", drain.budget.describe(admit=drain.config.admit_during_propagation))
     if workers > 1:
         os.environ[_APP_ENV] = target
-        uconfig = uvicorn.Config("graceful._serve._server:_worker_app", factory=True, workers=workers, **config)
+        uconfig = uvicorn.Config("graceful._serve._launcher:_worker_app", factory=True, workers=workers, **config)
         supervisor = _Supervisor(uconfig, [uconfig.bind_socket()], socket_dir)
         supervisor.run()
         return _FORCED_EXIT if supervisor.forced_exits else 0
