@@ -26,7 +26,7 @@ logger = logging.getLogger("graceful")
 
 
 def peer_of(scope: Scope) -> object:
-    """The connection's peer address as a hashable key (``Drain.pinned``), or None (off the hot path)."""
+    """The connection's peer address as a hashable key (pinned by ``Core.begin``), or None (off the hot path)."""
     client = scope.get("client")
     return None if client is None else tuple(client)
 

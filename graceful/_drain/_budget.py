@@ -135,7 +135,7 @@ class Budget:
         it has the whole ``limit``. Admitting during the wait, a request admitted just
         before the wait ends has ``limit - propagation_wait``, and a connection that was
         busy at drain start may bring one more request after its current one (see
-        ``Drain.admit_arrival``): two requests in a row, hence the admit-mode rule
+        ``Core.admit_pinned``): two requests in a row, hence the admit-mode rule
         ``grace_period >= propagation_wait + 2 x longest request + reserve``.
         """
         if not admit:
