@@ -81,6 +81,10 @@ class Attempts:
         """Events held from the caller that the stream's end shows after all (none by default)."""
         return b""
 
+    def _rewind(self) -> None:
+        """At a cut, before the continuation is built: take back from the counts what was received
+        but is not carried over (none by default). Once per cut, however often it is called."""
+
     def _new_attempt(self) -> None:
         """Forget what belongs to the attempt that ended (its held events)."""
 
@@ -148,6 +152,7 @@ class Attempts:
     def continuation(self) -> bytes:
         """The next request's body: the first's, with what the caller has and its limits lowered by the
         tokens received."""
+        self._rewind()
         body = copy.deepcopy(self.payload)
         self._carry(body)
         for name in self.LIMITS:
@@ -177,6 +182,7 @@ class Attempts:
         return None
 
     def begin_resume(self, reason: str, url: httpx.URL) -> bytes:
+        self._rewind()
         if self.events > self.events_at_resume or not self.resumes:
             self.charged += 1
             self.idle = 0

@@ -90,6 +90,12 @@ class Splice(Attempts):
         # whole answer), the events that follow are held until the end says what it was.
         self.aborted = False
         self.held: list[bytes] = []
+        # Chunks that carry token ids but no text yet (a character split across tokens: the server
+        # sends its text once whole) are held too, until a chunk with text follows. At a cut they are
+        # dropped, and their tokens generated again: a continuation whose prompt ends inside a
+        # character streams that character wrongly (vLLM's text then began with the prompt's).
+        self.textless: list[bytes] = []
+        self.textless_ids = 0
         # An engine's 5xx error event (its core died mid-stream) is held too: graceful's final
         # event after it makes the stream resumable; without one it reaches the caller as sent.
         self.failed = False
@@ -128,13 +134,53 @@ class Splice(Attempts):
         if self.aborted:
             self.held.append(out)
             return b""
+        ids = self._textless_ids(event)
+        if ids:
+            self.textless.append(out)
+            self.textless_ids += ids
+            return b""
+        if self.textless:
+            out = self._release_textless() + out
         return out
 
+    def _textless_ids(self, event: dict[str, Any]) -> int:
+        """How many token ids a chunk carries without text (0 for any other chunk): one choice, not
+        finished, with ids, and neither text nor anything else in it to show."""
+        choices = event.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+            return 0
+        choice = choices[0]
+        ids = choice.get("token_ids")
+        if choice.get("finish_reason") is not None or not ids or not _token_ids(ids):
+            return 0
+        if self.kind == "chat":
+            delta = choice.get("delta")
+            if not isinstance(delta, dict) or any(value for key, value in delta.items() if key != "role"):
+                return 0
+        elif choice.get("text"):
+            return 0
+        return len(ids)
+
+    def _release_textless(self) -> bytes:
+        textless, self.textless, self.textless_ids = self.textless, [], 0
+        return b"".join(textless)
+
     def _release(self) -> bytes:
-        """The events held after an abort, for the caller: the stream ended as the server sent it."""
+        """The events held (without text yet, or after an abort), for the caller: the stream ended as
+        the server sent it."""
         held, self.held = self.held, []
         self.aborted = False
-        return b"".join(held)
+        return self._release_textless() + b"".join(held)
+
+    def _rewind(self) -> None:
+        """At a cut: the tokens of the chunks held without text are not carried over; the continuation
+        generates them again, and sends the character whole. The chunks stay held: the caller gets them
+        if no continuation answers. Once per cut, however often it is called."""
+        if self.textless_ids:
+            del self.token_ids[len(self.token_ids) - self.textless_ids :]
+            self.tokens -= self.textless_ids
+            self.events -= len(self.textless)
+            self.textless_ids = 0
 
     def _read_choices(self, event: dict[str, Any]) -> None:
         choices = event.get("choices")
@@ -248,9 +294,10 @@ class Splice(Attempts):
         return [*self.prompt_ids, *self.token_ids]
 
     def _held(self) -> bytes:
-        return b"".join(self.held)
+        return b"".join(self.textless) + b"".join(self.held)
 
     def _new_attempt(self) -> None:
         self.held = []  # the aborted attempt's last chunks: the continuation brings the rest
+        self.textless, self.textless_ids = [], 0
         self.aborted = False
         self.failed = False
