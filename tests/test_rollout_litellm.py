@@ -89,7 +89,8 @@ def test_the_promise_is_each_old_replicas_exit_after_its_drains_start() -> None:
 def test_quick_rollout_behind_litellm_hands_streams_off_and_loses_nothing(tmp_path: Path) -> None:
     """1. two replicas behind HAProxy, a LiteLLM proxy in front, its deployment opted in to resume
     2. strict clients stream through the proxy (15 s streams, raw SSE without graceful's transport, and
-       Node openai SDK callers where node is installed)  3. one rolling update: each old replica drains
+       Node openai SDK callers where node is installed), and Responses callers on its /v1/responses (the Node
+       SDK's responses.create and responses.stream, curl -N)  3. one rolling update: each old replica drains
        with --handoff-streams and hands its streams off after the 1 s propagation wait
     4. the proxy continues them on the new replicas: 0 failed, every count whole, and each old replica
        exited within the propagation wait + 5 s of its drain's start"""
@@ -119,4 +120,7 @@ def test_quick_rollout_behind_litellm_hands_streams_off_and_loses_nothing(tmp_pa
         assert graceful["node_streams"] > 0 and graceful["node_failed"] == 0
     else:
         assert any("no Node SDK callers" in note for note in graceful["notes"])
+    # Responses callers on LiteLLM's native /v1/responses path (the Node SDK's create and stream, curl -N)
+    assert graceful["responses_streams"] >= 3 and graceful["responses_failed"] == 0, graceful
+    assert "Responses streams (Node SDK, curl), failed" in out
     assert "drain start to exit" in out

@@ -27,7 +27,7 @@ import anyio
 from graceful._soak._attempt import count_mismatch
 from graceful.soak import Attempt, RequestRecord
 
-__all__ = ["NODE_PREFIX", "missing_node", "node_streams"]
+__all__ = ["NODE_PREFIX", "Judge", "missing_node", "node_streams", "run_client"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLIENT = os.path.join(ROOT, "tests", "node", "stream.mjs")
@@ -63,28 +63,34 @@ async def node_streams(
         nonlocal issued
         while not stop.is_set():
             issued += 1
-            keep(await _stream(f"{NODE_PREFIX}{run}-{issued:06d}", base, model, tokens, api_key, timeout))
+            argv = ["node", CLIENT, f"{base}/v1", model, str(tokens), api_key]
+            keep(await run_client(f"{NODE_PREFIX}{run}-{issued:06d}", argv, tokens, timeout, _judge))
 
     async with anyio.create_task_group() as tg:
         for _ in range(callers):
             tg.start_soon(caller)
 
 
-async def _stream(request_id: str, base: str, model: str, tokens: int, api_key: str, timeout: float) -> RequestRecord:
+# Reads a client's output lines into its attempt (its reason, an error saying what was wrong); the tokens read.
+Judge = Callable[[list[str], Attempt, int], int]
+
+
+async def run_client(request_id: str, argv: list[str], tokens: int, timeout: float, judge: Judge) -> RequestRecord:
+    """One client process (its own process group, killed at ``timeout``) streaming ``tokens`` tokens, its output
+    lines judged by ``judge``: the record of its one attempt."""
     record = RequestRecord(request_id, f"idem-{request_id}", "stream", tokens, start=time.time())
     attempt = Attempt(reason="timeout", start=record.start)
     record.history.append(attempt)
-    argv = ["node", CLIENT, f"{base}/v1", model, str(tokens), api_key]
     process = await asyncio.create_subprocess_exec(
         *argv, cwd=os.path.dirname(CLIENT), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
         out, err = await asyncio.wait_for(process.communicate(), timeout)
-        record.tokens = _judge(out.decode(errors="replace").splitlines(), attempt, tokens)
+        record.tokens = judge(out.decode(errors="replace").splitlines(), attempt, tokens)
         if attempt.reason == "timeout":  # no end and no error line: the process died
             attempt.reason = "truncated" if attempt.headers else "ambiguous"
-            attempt.error = f"node exited {process.returncode}: {err.decode(errors='replace')[-200:]!r}"
+            attempt.error = f"{argv[0]} exited {process.returncode}: {err.decode(errors='replace')[-200:]!r}"
     except TimeoutError:
         attempt.error = f"no complete answer within {timeout:g}s"
     finally:

@@ -10,6 +10,7 @@ from .balancer import L7_BALANCERS
 from .drains import HANDOFF_EXIT_SLACK, drain_rows, late_exits, render_drains
 from .litellm import MODEL
 from .node import NODE_PREFIX
+from .responses import RESPONSES_PREFIX
 from .scenarios import Options, SideResult
 
 __all__ = ["HANDOFF_EXIT_SLACK", "attribute_losses", "expectations", "reload_losses", "render", "side_summary"]
@@ -99,6 +100,9 @@ def side_summary(side: SideResult, options: Options) -> dict[str, Any]:
         node = [record for record in side.report.records if record.request_id.startswith(NODE_PREFIX)]
         summary["node_streams"] = len(node)
         summary["node_failed"] = sum(1 for record in node if record.reason != "ok")
+        responses = [record for record in side.report.records if record.request_id.startswith(RESPONSES_PREFIX)]
+        summary["responses_streams"] = len(responses)
+        summary["responses_failed"] = sum(1 for record in responses if record.reason != "ok")
         summary["drains"] = drain_rows(side, options)
     if options.scenario == "node-loss":
         summary["loss_attribution"] = attribute_losses(side, options.lb_delay + 2.0)
@@ -214,6 +218,10 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
     row("  of which streams", lambda s: f"{s['streams']} ({100 * s['streams'] / max(1, s['requests']):.0f}%)")
     if options.gateway is not None:
         row("    Node openai SDK streams, failed", lambda s: f"{s['node_streams']}, {s['node_failed']}")
+        row(
+            "    Responses streams (Node SDK, curl), failed",
+            lambda s: f"{s['responses_streams']}, {s['responses_failed']}",
+        )
     for reason in REASONS:
         # Behind the gateway a client cannot tell a resumed stream; the count still checks its text.
         shown = options.resume or (options.gateway is not None and reason == "token_mismatch")

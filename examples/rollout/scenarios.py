@@ -21,6 +21,7 @@ from .balancer import L7_BALANCERS, Envoy, Nginx, open_balancer
 from .litellm import MODEL, check_gateway, open_gateway
 from .node import missing_node, node_streams
 from .replica import Kind, ReplicaSettings
+from .responses import responses_streams
 from .short_grace import RETRYING, STRICT
 from .timeline import Plan, Rollout, Termination
 from .vllm import MODEL_NAME, VllmSetup, find_vllm, prepare
@@ -81,6 +82,9 @@ class Options:
     node_streams: int = (
         4  # behind the gateway: Node openai SDK callers of the longest streams (examples/rollout/node.py)
     )
+    # Behind the gateway: Responses callers of the longest streams, the Node SDK's create and stream and curl
+    # in turn (examples/rollout/responses.py).
+    responses_streams: int = 3
     quick: bool = False
     seed: int | None = None
     vllm: bool = False  # replicas are vllm serve processes (examples/rollout/vllm.py)
@@ -438,6 +442,7 @@ async def run_side(
                             notes.append(f"no Node SDK callers: {callers}")
                         else:
                             tg.start_soon(callers)
+                        tg.start_soon(_responses_callers(options, gateway.url, gateway.key, stop, keep))
                     if options.scenario == "client-disconnect":
 
                         async def walk() -> None:
@@ -516,6 +521,24 @@ def _node_callers(
         timeout=options.timeout,
         stop=stop,
         keep=keep,
+    )
+
+
+def _responses_callers(
+    options: Options, url: str, api_key: str, stop: anyio.Event, keep: Callable[[RequestRecord], None]
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """Behind the gateway: the Responses callers of the longest streams (curl alone where node is missing)."""
+    return functools.partial(
+        responses_streams,
+        url,
+        model=MODEL,
+        tokens=max(options.stream_tokens),
+        api_key=api_key,
+        callers=options.responses_streams,
+        timeout=options.timeout,
+        stop=stop,
+        keep=keep,
+        node=missing_node() is None,
     )
 
 

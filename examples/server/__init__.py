@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 from ._app import EXECUTIONS_PATH, ExampleServer, create_app
 from ._config import ENV, Config
+from ._openai import token_text
 
-__all__ = ["ENV", "EXECUTIONS_PATH", "Config", "ExampleServer", "app", "create_app"]
+__all__ = ["ENV", "EXECUTIONS_PATH", "Config", "ExampleServer", "app", "create_app", "token_text"]
 
 if TYPE_CHECKING:
     app: ExampleServer
