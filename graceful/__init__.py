@@ -17,34 +17,13 @@ The names below are imported on first use: ``graceful drain`` (a preStop hook, w
 counts against the grace period) imports this package but not the middleware.
 """
 
-# typing's import costs the preStop hook milliseconds; mypy reads the block below anyway.
-TYPE_CHECKING = False
+from ._cli._prestop import TYPE_CHECKING, lazy_exports
 
 __version__ = "0.1.0"
 
-_homes: dict[str, str] = {}  # each public name's module, read off the block below on first use
-
-
-def _public() -> dict[str, str]:
-    """Each public name is written once, in the block below: type checkers read its imports, and
-    this reads them as text (``ast`` and ``inspect`` would cost the preStop hook milliseconds).
-    Without the source (an install of bytecode only) the block has imported every name at once."""
-    if _homes:
-        return _homes
-    if __file__.endswith(".py"):
-        source = globals()["__loader__"].get_data(__file__).decode()
-        block = source.partition('\nif TYPE_CHECKING or not __file__.endswith(".py"):\n')[2]
-        for line in block.partition("\n\n")[0].splitlines():  # from <module> import <name> as <name>
-            words = line.split()
-            _homes[words[3]] = words[1]
-    else:
-        for name, value in list(globals().items()):
-            if getattr(value, "__module__", "").startswith(__name__ + "."):
-                _homes[name] = value.__module__
-    return _homes
-
-
-if TYPE_CHECKING or not __file__.endswith(".py"):
+# Each public name is written once, here: type checkers read these imports, and ``lazy_exports`` reads
+# the names off them (``_cli/_prestop.py``, where the preStop hook's tricks live, says how).
+if TYPE_CHECKING or not lazy_exports(globals()):
     from ._asgi._frames import default_final_frame as default_final_frame
     from ._asgi._middleware import GracefulMiddleware as GracefulMiddleware
     from ._drain._budget import Budget as Budget
@@ -57,21 +36,3 @@ if TYPE_CHECKING or not __file__.endswith(".py"):
     from ._drain._status import State as State
     from ._resume._transport import AsyncResumingTransport as AsyncResumingTransport
     from ._resume._transport import ResumingTransport as ResumingTransport
-
-
-def __getattr__(name: str) -> object:
-    # ``__all__`` is made here: type checkers would read one computed at the top level as empty.
-    if name == "__all__":
-        value: object = sorted(_public())
-    elif name in _public():
-        from importlib import import_module
-
-        value = getattr(import_module(_homes[name], __name__), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_public(), "__all__"})

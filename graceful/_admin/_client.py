@@ -1,83 +1,46 @@
-"""The admin client: finds every worker's socket and talks to all of them at once.
+"""The admin client: talks to every worker's admin server at once.
 
-It speaks the little HTTP/1.1 the admin server answers (``_server``) over the
-Unix socket itself, with blocking sockets and one thread per worker: the preStop hook's
-start-up counts against the grace period, and this keeps it free of asyncio and any
-HTTP library.
+It speaks the little HTTP/1.1 the admin server answers (``_server``) over the Unix socket itself
+(``_wire``), with blocking sockets and one thread per worker: no asyncio and no HTTP library. The
+sockets are found in ``_paths`` (``discover``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket as _socket
-import stat
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
 
-from ._paths import default_socket_dir
-from ._wire import Broken, Event, Field, Unreachable, close, exchange
+from ._paths import NoServer, discover
+from ._wire import (
+    DRAIN_SILENCE,
+    METHODS,
+    Answer,
+    Broken,
+    Event,
+    Field,
+    Route,
+    Unreachable,
+    close,
+    drain_params,
+    exchange,
+    send,
+)
 
-# typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-__all__ = ["NoServer", "WorkerDrain", "discover", "drain_all", "request_all"]
+__all__ = ["NoServer", "WorkerDrain", "discover", "drain_all", "follow_drains", "request_all"]
 
 # Grace on top of the server's own deadline: its final line follows the deadline by
 # the time it takes to expire what is left (unwind_timeout) plus the on_drained hook.
 _CLIENT_SLACK = 15.0
 
 
-# Left as they are in a query string (urllib.parse's always-safe set); every other byte is %XX.
-_QUERY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
-
-
-def _query(params: dict[str, str]) -> str:
-    """``urllib.parse.urlencode(params)``, without importing urllib.parse (and ipaddress) on the hook's path."""
-
-    def quote(text: str) -> str:
-        return "".join(
-            chr(byte) if byte in _QUERY_SAFE else "+" if byte == 0x20 else f"%{byte:02X}" for byte in text.encode()
-        )
-
-    return "&".join(f"{quote(key)}={quote(value)}" for key, value in params.items())
-
-
-class NoServer(Exception):
-    """No socket found, or nothing listening on any of them (CLI exit code 3)."""
-
-
-def discover(socket_dir: str | None = None, socket: str | None = None) -> list[str]:
-    """The socket paths to talk to: ``socket`` alone, or every ``*.sock`` in the directory."""
-    if socket is not None:
-        return [socket]
-    directory = socket_dir or default_socket_dir()
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError as exc:
-        raise NoServer(f"no graceful server found: cannot read socket dir {directory!r} ({exc.strerror})") from None
-    paths = []
-    for name in names:
-        path = os.path.join(directory, name)
-        if name.endswith(".sock") and stat.S_ISSOCK(os.lstat(path).st_mode):
-            paths.append(path)
-    if not paths:
-        raise NoServer(
-            f"no graceful server found: no sockets in {directory!r}; "
-            "is the server running with the same --socket-dir / GRACEFUL_SOCKET_DIR?"
-        )
-    return paths
-
-
 # A small request (status, resume) gets this long, connect to last byte.
 _REQUEST_TIMEOUT = 5.0
-# A drain's answer has a line every second (progress); this long without a byte means the
-# server stopped answering, whatever the drain's own limit. It bounds a hook run without
-# --timeout too.
-_DRAIN_SILENCE = 30.0
 
 
 def _in_threads(work: Callable[[str], None], paths: list[str], limit: float | None, tick: Callable[[], None]) -> None:
@@ -115,48 +78,30 @@ def request_all(paths: list[str], method: str, url: str) -> dict[str, dict[str, 
     return dict(answers)
 
 
+@dataclass(eq=False)
 class WorkerDrain:
-    """What one worker said during a drain.
+    """What one worker said during a drain."""
 
-    A plain class, not a dataclass: this module is on the preStop hook's path, and
-    ``dataclasses`` (with the ``inspect`` it imports) would cost the hook about 7 ms.
-    """
-
-    def __init__(
-        self,
-        path: str,
-        *,
-        pid: int | None = None,
-        in_flight: int = 0,
-        handed_off: int = 0,
-        deadline: float | None = None,
-        since_last_request: float | None = None,
-        progressed: bool = False,
-        propagation_over: bool = False,
-        result: dict[str, Any] | None = None,
-        error: str | None = None,
-        reachable: bool = True,
-    ) -> None:
-        self.path = path
-        self.pid = pid
-        self.in_flight = in_flight
-        self.handed_off = handed_off
-        self.deadline = deadline
-        self.since_last_request = since_last_request
-        # When the last progress event came (time.monotonic()): its figures are that much older when read.
-        self.heard: float | None = None
-        self.progressed = progressed
-        self.propagation_over = propagation_over
-        self.result = result
-        self.error = error
-        self.reachable = reachable
-        self.refused = False  # the server answered 400: it judged the drain's options wrong
-        # The work in flight at the drain's start, judged by the durations the server saw
-        # (``Drain.outlook``): in_flight, left, at_risk, expected, seen, older.
-        self.outlook: dict[str, Any] | None = None
-        # Why the drain under way began, when this request joined it rather than beginning one: its clock,
-        # deadline and options stay, and this request's own were not applied.
-        self.joined: str | None = None
+    path: str
+    pid: int | None = field(default=None, kw_only=True)
+    in_flight: int = field(default=0, kw_only=True)
+    handed_off: int = field(default=0, kw_only=True)
+    deadline: float | None = field(default=None, kw_only=True)
+    since_last_request: float | None = field(default=None, kw_only=True)
+    progressed: bool = field(default=False, kw_only=True)
+    propagation_over: bool = field(default=False, kw_only=True)
+    result: dict[str, Any] | None = field(default=None, kw_only=True)
+    error: str | None = field(default=None, kw_only=True)
+    reachable: bool = field(default=True, kw_only=True)
+    # When the last progress event came (time.monotonic()): its figures are that much older when read.
+    heard: float | None = field(default=None, init=False)
+    refused: bool = field(default=False, init=False)  # the server answered 400: it judged the drain's options wrong
+    # The work in flight at the drain's start, judged by the durations the server saw
+    # (``Drain.outlook``): in_flight, left, at_risk, expected, seen, older.
+    outlook: dict[str, Any] | None = field(default=None, init=False)
+    # Why the drain under way began, when this request joined it rather than beginning one: its clock,
+    # deadline and options stay, and this request's own were not applied.
+    joined: str | None = field(default=None, init=False)
 
     @property
     def done(self) -> bool:
@@ -175,23 +120,59 @@ def drain_all(
     propagation_quiet: float | None = None,
     on_tick: Callable[[list[WorkerDrain]], None] | None = None,
     on_start: Callable[[WorkerDrain], None] | None = None,
+    silence: float = DRAIN_SILENCE,
 ) -> list[WorkerDrain]:
-    """Drain every worker concurrently; ``on_tick`` is called about once a second while any runs,
-    ``on_start`` once per worker when its drain has begun (from that worker's thread).
+    """Drain every worker: send each the drain, then :func:`follow_drains`."""
+    target = Route.DRAIN + "?" + urlencode(drain_params(reason, propagation_wait, propagation_quiet, timeout))
+    opened: list[_socket.socket] = []
+    sent: dict[str, _socket.socket | Exception] = {}
+    for path in paths:
+        try:
+            sent[path] = send(path, METHODS[Route.DRAIN], target, silence, opened)
+        except (Unreachable, Broken) as exc:
+            sent[path] = exc
+    return follow_drains(
+        sent,
+        opened,
+        propagation_wait=propagation_wait,
+        timeout=timeout,
+        on_tick=on_tick,
+        on_start=on_start,
+        silence=silence,
+    )
 
-    Blocks until every worker has sent its final line, until the drain's own limit plus a
-    margin has passed, or until a worker has sent nothing for ``_DRAIN_SILENCE`` seconds.
+
+def follow_drains(
+    sent: dict[str, _socket.socket | Exception],
+    opened: list[_socket.socket],
+    *,
+    propagation_wait: float | None,
+    timeout: float | None,
+    on_tick: Callable[[list[WorkerDrain]], None] | None = None,
+    on_start: Callable[[WorkerDrain], None] | None = None,
+    silence: float = DRAIN_SILENCE,
+) -> list[WorkerDrain]:
+    """Read every worker's answer to the drain ``sent`` to it (by path: the socket the request went out on,
+    or the :class:`Unreachable` or :class:`Broken` that kept it from going), each in its own thread;
+    ``on_tick`` is called about once a second while any runs, ``on_start`` once per worker when its drain
+    has begun (from that worker's thread). ``opened`` (every socket) is closed at the end.
+
+    Blocks until every worker has sent its final line, until the drain's own limit (``timeout``, or
+    ``propagation_wait`` when longer) plus a margin has passed, or until a worker has sent nothing for
+    ``silence`` seconds. Raises :class:`NoServer` when no socket had anyone listening.
     """
-    given = {"propagation_wait": propagation_wait, "propagation_quiet": propagation_quiet, "timeout": timeout}
-    params = {"reason": reason, **{name: f"{value}s" for name, value in given.items() if value is not None}}
+    paths = list(sent)
     workers = {path: WorkerDrain(path) for path in paths}
     limit = None if timeout is None else max(timeout, propagation_wait or 0.0) + _CLIENT_SLACK
-    opened: list[_socket.socket] = []
 
     def one(path: str) -> None:
         worker = workers[path]
         try:
-            answer = exchange(path, "POST", "/drain?" + _query(params), None, opened, _DRAIN_SILENCE)
+            sock = sent[path]
+            if isinstance(sock, Exception):
+                raise sock
+            answer = Answer(sock, None, silence)
+            answer.read_head()
             if answer.status != 200:
                 body = answer.body().decode(errors="replace").strip()
                 worker.refused = answer.status == 400  # the server judged the options wrong: no drain began

@@ -1,7 +1,8 @@
 """Where admin sockets live: shared by the server end and the client end of the admin protocol.
 
-Kept small on purpose: ``graceful drain`` imports it on the preStop path (the rules and the making of a
-server's directory import nothing more than its search does).
+The directory's rules, the making of a server's directory and the search for the servers' sockets
+(``discover``). ``graceful drain`` searches before it sends its request, so this module imports the
+standard library only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ __all__ = [
     "LONGEST_PID",
     "MAX_PATH",
     "SOCKET_MODE",
+    "NoServer",
     "default_socket_dir",
+    "discover",
     "prepare_socket_dir",
     "search_dir_problem",
     "socket_dir_problem",
@@ -36,6 +39,32 @@ def default_socket_dir() -> str:
     import tempfile  # only here: it costs the preStop hook a few ms when the directory is given
 
     return os.path.join(tempfile.gettempdir(), f"graceful-{os.getuid()}")
+
+
+class NoServer(Exception):
+    """No socket found, or nothing listening on any of them (CLI exit code 3)."""
+
+
+def discover(socket_dir: str | None = None, socket: str | None = None) -> list[str]:
+    """The socket paths to talk to: ``socket`` alone, or every ``*.sock`` in the directory."""
+    if socket is not None:
+        return [socket]
+    directory = socket_dir or default_socket_dir()
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        raise NoServer(f"no graceful server found: cannot read socket dir {directory!r} ({exc.strerror})") from None
+    paths = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if name.endswith(".sock") and stat.S_ISSOCK(os.lstat(path).st_mode):
+            paths.append(path)
+    if not paths:
+        raise NoServer(
+            f"no graceful server found: no sockets in {directory!r}; "
+            "is the server running with the same --socket-dir / GRACEFUL_SOCKET_DIR?"
+        )
+    return paths
 
 
 def socket_path(socket_dir: str, pid: int) -> str:

@@ -17,18 +17,25 @@ import socket
 import stat
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import h11
 
-from .._drain._durations import parse_duration
 from .._drain._errors import ConfigError
 from .._drain._options import Overrides
 from .._drain._state import Drain, State, core
+from ._answers import (
+    drain_options,
+    failure_answer,
+    outlook_answer,
+    progress_answer,
+    result_answer,
+    status_answer,
+)
 from ._paths import DEFAULT_DIR, SOCKET_MODE, default_socket_dir, prepare_socket_dir, socket_path
-from ._wire import Event, Field, Value
+from ._wire import METHODS, Event, Field, Param, Route, Value
 
 __all__ = ["AdminServer", "is_listening", "remove_stale"]
 
@@ -37,7 +44,7 @@ logger = logging.getLogger("graceful")
 MAX_REQUEST = 64 * 1024
 _ARRIVAL_GAP = 0.1  # seconds: a drain's progress lines sent on new requests come at most this often
 _NDJSON = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-store")]
-_ROUTES = {"/status": b"GET", "/drain": b"POST", "/resume": b"POST"}
+_ROUTES = {route: method.encode() for route, method in METHODS.items()}
 
 
 def is_listening(path: str) -> bool:
@@ -215,32 +222,32 @@ class _Responder:
         method = _ROUTES.get(target.path)
         if method is None:
             return await self._answer(
-                404, {Field.ERROR: f"no such path {target.path!r}; use /status, /drain or /resume"}
+                404, {Field.ERROR: f"no such path {target.path!r}; use {Route.STATUS}, {Route.DRAIN} or {Route.RESUME}"}
             )
         if request.method != method:
             return await self._answer(
                 405, {Field.ERROR: f"{target.path} takes {method.decode()}"}, ((b"allow", method),)
             )
-        if target.path == "/status":
+        if target.path == Route.STATUS:
             self.core.ledger.count_durations()  # durations up to this instant, not the last periodic count's
-            return await self._answer(200, self.drain.status().as_dict())
-        if target.path == "/resume":
+            return await self._answer(200, status_answer(self.drain))
+        if target.path == Route.RESUME:
             resumed = self.drain.resume()
             failure = self.drain.failure
             answer = {Field.RESUMED: resumed, Field.STATE: self.drain.state.value, Field.PID: os.getpid()}
-            return await self._answer(200, {**answer, Field.FAILURE: None if failure is None else failure.as_dict()})
+            return await self._answer(200, {**answer, Field.FAILURE: failure_answer(failure)})
         try:
-            options = _drain_options(target.query)
+            options = drain_options(target.query)
             # Values the parser cannot judge alone (propagation_quiet against the wait)
             # get their 400 here, before the stream begins.
             overrides = self.core.overrides(
-                options["propagation_wait"], options["propagation_quiet"], options["timeout"]
+                options[Param.PROPAGATION_WAIT], options[Param.PROPAGATION_QUIET], options[Param.TIMEOUT]
             )
         except ConfigError as exc:
             return await self._answer(400, {Field.ERROR: str(exc)})
         # The work in flight as the drain finds it, judged by the durations seen (the hook prints it).
-        ahead = self.core.outlook(overrides.limit).as_dict()
-        await self._stream_drain(ahead, overrides, reason=options["reason"])
+        ahead = outlook_answer(self.core.outlook(overrides.limit))
+        await self._stream_drain(ahead, overrides, reason=options[Param.REASON])
 
     async def _read_request(self) -> h11.Request | None:
         request: h11.Request | None = None
@@ -315,7 +322,7 @@ class _Responder:
                 if failure is not None:
                     raise failure
                 outcome = await inner.join()
-                result.update(outcome.as_dict())
+                result.update(result_answer(outcome))
             except Exception as exc:  # never let it reach the lifespan task group
                 logger.exception("drain failed")
                 result.update({Field.RESULT: Value.ERROR, Field.ERROR: repr(exc)})
@@ -325,18 +332,18 @@ class _Responder:
         self.tg.start_soon(run_drain)
         headers = [*_NDJSON, (b"connection", b"close")]
         await self._send(h11.Response(status_code=200, headers=headers))
-        status = {Field.EVENT: Event.STATUS, **drain.status().as_dict(), Field.OUTLOOK: ahead, Field.JOINED: joined}
+        status = {Field.EVENT: Event.STATUS, **status_answer(drain), Field.OUTLOOK: ahead, Field.JOINED: joined}
         await self._line(status)
         # A progress line at once, then each second and at each new request of the propagation phase
         # (_ARRIVAL_GAP apart at most): the hook's lines on the last new request are true when printed.
-        await self._line(_progress(drain))
+        await self._line(progress_answer(drain))
         tick = time.monotonic() + 1.0
         while not done.is_set():
             with anyio.move_on_after(tick - time.monotonic()):
                 await inner.until_arrival(done)
             if done.is_set():
                 break
-            await self._line(_progress(drain))
+            await self._line(progress_answer(drain))
             if time.monotonic() < tick:  # sent on an arrival: the next one waits a little
                 with anyio.move_on_after(_ARRIVAL_GAP):
                     await done.wait()
@@ -347,39 +354,3 @@ class _Responder:
 
     async def _line(self, body: dict[str, object]) -> None:
         await self._send(h11.Data(data=json.dumps(body).encode() + b"\n"))
-
-
-def _progress(drain: Drain) -> dict[str, object]:
-    status = drain.status()
-    now = time.time()
-    started = status.drain_started or now
-    deadline = status.deadline or now
-    last = status.last_request
-    return {
-        Field.EVENT: Event.PROGRESS,
-        Field.STATE: status.state.value,
-        Field.IN_FLIGHT: status.in_flight,
-        Field.HANDED_OFF: core(drain).handed_off(),
-        Field.ELAPSED: round(now - started, 3),
-        Field.DEADLINE_IN: round(deadline - now, 3),
-        Field.SINCE_LAST_REQUEST: None if last is None else round(max(0.0, now - last), 3),
-        Field.PROPAGATION_OVER: status.propagation_until is not None and now >= status.propagation_until,
-    }
-
-
-def _drain_options(query: str) -> dict[str, Any]:
-    options: dict[str, Any] = {"propagation_wait": None, "propagation_quiet": None, "timeout": None, "reason": "admin"}
-    try:
-        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query), max_num_fields=8)
-    except ValueError:
-        raise ConfigError(f"query {query!r} is malformed; use ?propagation_wait=10s&timeout=80s") from None
-    for key, value in pairs:
-        if key in ("propagation_wait", "propagation_quiet", "timeout"):
-            options[key] = parse_duration(value, name=key)
-        elif key == "reason" and value.isprintable() and 0 < len(value) <= 64:
-            options[key] = value
-        else:
-            raise ConfigError(
-                f"unknown or bad parameter {key}={value!r}; use propagation_wait, propagation_quiet, timeout or reason"
-            )
-    return options

@@ -1,9 +1,12 @@
-"""The admin protocol's names, and one HTTP/1.1 exchange with an admin server over its Unix socket.
+"""The admin protocol's one home: its routes, query parameters and names, and one HTTP/1.1 exchange.
 
-The server (``_server``) writes its answers and the client (``_client``) and the CLI read them
-through the names declared here (:class:`Event`, :class:`Field`, :class:`Value`). The exchange
-runs on a blocking socket, one per worker, each in its own thread. Standard library only, and no
-HTTP library: the preStop hook's start-up counts against the grace period.
+The server (``_server``) serves the routes in :class:`Route` with the methods of ``METHODS``, reads
+a drain's query by :class:`Param`, and writes every answer through the names declared here
+(:class:`Event`, :class:`Field`, :class:`Value`): from the drain's own snapshots it takes exactly the
+fields each answer declares (``STATUS_FIELDS``, ``RESULT_FIELDS``...). The client (``_client``) and
+the CLI ask and read through the same names. The exchange runs on a blocking socket, one per worker,
+each in its own thread. Standard library only, and no HTTP library: ``graceful drain`` sends its
+request from here (``send``), and the preStop hook's start-up counts against the grace period.
 """
 
 from __future__ import annotations
@@ -12,7 +15,26 @@ import socket as _socket
 import time
 from collections.abc import Iterator
 
-__all__ = ["Answer", "Broken", "Event", "Field", "Unreachable", "Value", "close", "exchange"]
+__all__ = [
+    "DRAIN_SILENCE",
+    "FAILURE_FIELDS",
+    "METHODS",
+    "OUTLOOK_FIELDS",
+    "RESULT_FIELDS",
+    "STATUS_FIELDS",
+    "Answer",
+    "Broken",
+    "Event",
+    "Field",
+    "Param",
+    "Route",
+    "Unreachable",
+    "Value",
+    "close",
+    "drain_params",
+    "exchange",
+    "send",
+]
 
 # A status line and headers longer than this are not from our server.
 _MAX_HEAD = 16 * 1024
@@ -24,8 +46,29 @@ _MAX_LINE = 1024 * 1024
 # did, a refusal (4xx) {"error": ...}. POST /drain answers NDJSON, one event a line: a status event
 # at once, a progress event at once, each second and at each new request of the propagation phase,
 # and a result event when the drain ends. What both ends name is declared here once;
-# tests/admin/test_wire.py holds the server and the readers to it. Plain classes of strings, not
-# enums or dataclasses: this module is on the hook's path.
+# tests/admin/test_wire.py holds the server and the readers to it. Plain classes of strings: each
+# name is the string that goes on the wire, ready for JSON and a query.
+
+
+class Route:
+    """The admin server's paths; each takes the one method ``METHODS`` gives it."""
+
+    STATUS = "/status"  # the worker's status
+    DRAIN = "/drain"  # begin (or join) a drain, with the options of its query (Param); answered in NDJSON
+    RESUME = "/resume"  # end a drain: serving again
+
+
+METHODS = {Route.STATUS: "GET", Route.DRAIN: "POST", Route.RESUME: "POST"}
+
+
+class Param:
+    """The query parameters of ``POST /drain``: the drain's own options (durations such as ``10s``) and
+    why it began."""
+
+    PROPAGATION_WAIT = "propagation_wait"
+    PROPAGATION_QUIET = "propagation_quiet"
+    TIMEOUT = "timeout"
+    REASON = "reason"
 
 
 class Event:
@@ -54,6 +97,7 @@ class Field:
     COUNTERS = "counters"
     BUDGET = "budget"  # the budget in force, by its options' names
     DURATIONS = "durations"  # {SINCE, UNTIL, BOUNDS, then per kind of request its counts and sum}
+    PACE = "pace"  # the streams' pace admission="fits" judges by: {streams, time_per_token, first_token}
     PROPAGATION = "propagation"  # each drain's propagation phase; a result's: its own drain's
     OUTLOOK = "outlook"  # the status event's: {IN_FLIGHT, LEFT, AT_RISK, EXPECTED, SEEN, OLDER}
     JOINED = "joined"  # the status event's: why the drain this request joined began (its REASON), else null
@@ -96,6 +140,64 @@ class Value:
     ERROR = "error"  # RESULT: the drain raised; ERROR says what
     QUIET = "quiet"  # PROPAGATION_ENDED_BY: the quiet rule ended the propagation phase
     FAILED = "FAILED"  # STATE: the worker failed, and is never resumed
+
+
+# The fields each answer takes from a drain's snapshot (``DrainStatus``, ``DrainResult``, ``Failure``,
+# the outlook), in this order: the server sends these and no other (the durations' inner keys are the
+# histograms' own format, read back by the drain's own code).
+FAILURE_FIELDS = (Field.REASON, Field.DETAIL, Field.AT)
+STATUS_FIELDS = (
+    Field.STATE,
+    Field.FAILURE,
+    Field.IN_FLIGHT,
+    Field.PID,
+    Field.SINCE,
+    Field.DRAIN_STARTED,
+    Field.DEADLINE,
+    Field.PROPAGATION_UNTIL,
+    Field.LAST_REQUEST,
+    Field.COUNTERS,
+    Field.BUDGET,
+    Field.DURATIONS,
+    Field.PACE,
+    Field.PROPAGATION,
+)
+OUTLOOK_FIELDS = (Field.IN_FLIGHT, Field.LEFT, Field.AT_RISK, Field.EXPECTED, Field.SEEN, Field.OLDER)
+RESULT_FIELDS = (
+    Field.RESULT,
+    Field.DRAINED,
+    Field.IN_FLIGHT,
+    Field.DURATION,
+    Field.REASON,
+    Field.STARTED_AT,
+    Field.DEADLINE,
+    Field.TRUNCATED,
+    Field.HANDED_OFF,
+    Field.LEFTOVER,
+    Field.PROPAGATION,
+    Field.LAST_REQUEST,
+    Field.PROPAGATION_ENDED_BY,
+    Field.ANNOUNCED,
+)
+
+# A drain's answer has a line every second (progress); this long without a byte means the server
+# stopped answering, whatever the drain's own limit. It bounds a drain run without a timeout too.
+DRAIN_SILENCE = 30.0
+
+
+def drain_params(
+    reason: str,
+    propagation_wait: float | None = None,
+    propagation_quiet: float | None = None,
+    timeout: float | None = None,
+) -> dict[str, str]:
+    """The query of ``POST /drain``, before encoding: ``reason``, then each option given, in seconds."""
+    given = {
+        Param.PROPAGATION_WAIT: propagation_wait,
+        Param.PROPAGATION_QUIET: propagation_quiet,
+        Param.TIMEOUT: timeout,
+    }
+    return {Param.REASON: reason, **{name: f"{value}s" for name, value in given.items() if value is not None}}
 
 
 class Unreachable(Exception):
@@ -212,21 +314,15 @@ class Answer:
             yield pending
 
 
-def exchange(
-    path: str,
-    method: str,
-    target: str,
-    deadline: float | None,
-    opened: list[_socket.socket],
-    silence: float | None = None,
-) -> Answer:
-    """Send one request without a body and read the answer's head; the body is the caller's to read.
+def send(path: str, method: str, target: str, wait: float | None, opened: list[_socket.socket]) -> _socket.socket:
+    """Connect to ``path`` and send one request without a body, each step bounded by ``wait`` seconds (None: none);
+    the answer is the caller's to read (:class:`Answer`).
 
     The socket goes into ``opened``: the caller closes it, which also stops a read in another thread.
     """
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     opened.append(sock)
-    sock.settimeout(silence if deadline is None else max(0.001, deadline - time.monotonic()))
+    sock.settimeout(wait)
     try:
         sock.connect(path)
     except TimeoutError:
@@ -238,7 +334,20 @@ def exchange(
         sock.sendall(request.encode("ascii"))
     except OSError:
         raise Broken("the connection closed before the request was sent") from None
-    answer = Answer(sock, deadline, silence)
+    return sock
+
+
+def exchange(
+    path: str,
+    method: str,
+    target: str,
+    deadline: float | None,
+    opened: list[_socket.socket],
+    silence: float | None = None,
+) -> Answer:
+    """Send one request without a body and read the answer's head; the body is the caller's to read."""
+    wait = silence if deadline is None else max(0.001, deadline - time.monotonic())
+    answer = Answer(send(path, method, target, wait, opened), deadline, silence)
     answer.read_head()
     return answer
 

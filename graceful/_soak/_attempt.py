@@ -22,7 +22,8 @@ from typing import Any
 
 import httpx
 
-from .._stream._rules import event_stream
+from .._stream._ends import ends_whole
+from .._stream._rules import event_stream, final_event, json_object
 from ._report import Attempt
 
 __all__ = ["COUNT_WORD", "Outcome", "count_mismatch", "describe", "run_attempt"]
@@ -176,7 +177,7 @@ async def _read_events(response: httpx.Response, attempt: Attempt, outcome: Outc
             if line or not data_lines:
                 continue  # comments, other fields, stray blank lines
             event, data_lines = b"\n".join(data_lines), []
-            if event == b"[DONE]":
+            if ends_whole(event):
                 outcome.done = True
                 continue
             frame = _frame(event)
@@ -184,8 +185,7 @@ async def _read_events(response: httpx.Response, attempt: Attempt, outcome: Outc
                 attempt.error = f"malformed event {event[:80]!r}"
                 continue
             if "error" in frame:
-                error = frame["error"] if isinstance(frame["error"], dict) else {}
-                if error.get("type") == "server_shutdown":
+                if final_event(frame["error"]):
                     attempt.reason = "ended_by_server"
                 else:
                     attempt.error = f"error event: {event[:200]!r}"
@@ -203,11 +203,8 @@ async def _read_events(response: httpx.Response, attempt: Attempt, outcome: Outc
 
 def _frame(event: bytes) -> dict[str, Any] | None:
     """The event as a chunk object whose choices, deltas and usage have the shapes read; None otherwise."""
-    try:
-        frame = json.loads(event)
-    except ValueError:
-        return None
-    if not isinstance(frame, dict):
+    frame = json_object(event)
+    if frame is None:
         return None
     choices, usage = frame.get("choices") or [], frame.get("usage") or {}
     if not isinstance(choices, list) or not isinstance(usage, dict):

@@ -11,11 +11,13 @@ import re
 
 from ._rules import engine_dead, json_object, server_failed
 
-__all__ = ["ABORTED", "DONE", "ENGINE_ABORT", "ENGINE_ERROR", "ended_early", "next_sequence_number"]
+__all__ = ["ABORTED", "DONE", "ENGINE_ABORT", "ENGINE_ERROR", "ended_early", "ends_whole", "next_sequence_number"]
 
 # The end of an OpenAI-style stream. (The middleware's send compares each frame with it written as
 # a constant, the cheapest check per frame; tests/resume/test_stream_rules.py holds the two alike.)
 DONE = b"data: [DONE]\n\n"
+# Its event's data: a marker, not JSON.
+_DONE_DATA = DONE.removeprefix(b"data: ").strip()
 # The finish reason vLLM gives a request it aborts (its shutdown timeout, a scale-down, an abort
 # call), which it then ends with [DONE] as if it had completed (vllm-project/vllm#57082).
 ABORTED = "abort"
@@ -29,6 +31,11 @@ _ABORT = f'"{ABORTED}"'.encode()
 _ERROR_EVENT = b'data: {"error"'
 # The sequence number of a Responses API event, as vLLM writes it (compact or not).
 _SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
+
+
+def ends_whole(data: bytes) -> bool:
+    """Whether an event's data (its ``data:`` lines joined) is the end of a whole stream: ``[DONE]``."""
+    return data.strip() == _DONE_DATA
 
 
 def ended_early(before: bytes | None, last: bytes) -> tuple[str, str, str | None] | None:

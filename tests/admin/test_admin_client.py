@@ -141,11 +141,10 @@ async def test_nothing_listening_is_no_server() -> None:
     assert await request_all([path], "GET", "/status") == {path: None}
 
 
-async def test_a_server_gone_silent_ends_a_drain_without_a_timeout(scripted: Any, monkeypatch: Any) -> None:
+async def test_a_server_gone_silent_ends_a_drain_without_a_timeout(scripted: Any) -> None:
     """1. the server answers the drain with its head and status line 2. then sends nothing more,
     holding the connection open 3. a drain run without --timeout has no limit of its own, yet
     the client gives up after the silence bound: one error naming it, no result."""
-    monkeypatch.setattr("graceful._admin._client._DRAIN_SILENCE", 0.3)
     hold = anyio.Event()
 
     async def script(stream: anyio.abc.ByteStream) -> None:
@@ -154,7 +153,7 @@ async def test_a_server_gone_silent_ends_a_drain_without_a_timeout(scripted: Any
 
     path = await scripted(script)
     try:
-        [worker] = await drain_all([path])
+        [worker] = await drain_all([path], silence=0.3)
     finally:
         hold.set()
     assert worker.result is None and worker.pid == 7

@@ -7,6 +7,7 @@ answers the real CLI, and every object the client parses records which keys were
 
 from __future__ import annotations
 
+import inspect
 import json
 import types
 from typing import Any, get_args
@@ -15,8 +16,19 @@ import pytest
 from click.testing import CliRunner
 
 import graceful._admin._client
-from graceful import State
-from graceful._admin._wire import Event, Field, Value
+from graceful import Drain, State
+from graceful._admin._wire import (
+    FAILURE_FIELDS,
+    METHODS,
+    OUTLOOK_FIELDS,
+    RESULT_FIELDS,
+    STATUS_FIELDS,
+    Event,
+    Field,
+    Param,
+    Route,
+    Value,
+)
 from graceful._drain._observed import KINDS
 from graceful._drain._status import DrainOutcome
 from graceful.cli import cli
@@ -27,11 +39,35 @@ def declared(names: type) -> dict[str, str]:
     return {name: value for name, value in vars(names).items() if not name.startswith("_")}
 
 
-@pytest.mark.parametrize("names", [Event, Field, Value])
+@pytest.mark.parametrize("names", [Event, Field, Param, Value])
 def test_each_name_is_its_value_in_capitals_and_declared_once(names: type) -> None:
     values = declared(names)
     assert values and all(name == value.upper() for name, value in values.items())
     assert len(set(values.values())) == len(values)
+
+
+def test_each_route_takes_one_method_and_the_drains_query_its_own_options() -> None:
+    assert set(METHODS) == set(declared(Route).values()) and set(METHODS.values()) <= {"GET", "POST"}
+    assert all(route == "/" + name.lower() for name, route in declared(Route).items())
+    # The query's durations are a drain's own options, as Drain.begin_drain names them.
+    own = set(inspect.signature(Drain.begin_drain).parameters) - {"self"}
+    assert set(declared(Param).values()) == own
+
+
+def test_each_answer_declares_its_fields_once() -> None:
+    for fields in (STATUS_FIELDS, RESULT_FIELDS, OUTLOOK_FIELDS, FAILURE_FIELDS):
+        assert len(set(fields)) == len(fields) and set(fields) <= set(declared(Field).values())
+
+
+def test_the_server_sends_each_answer_with_exactly_its_declared_fields(served: Served) -> None:
+    """1. a worker's status, its resume and a drain's status and result events 2. each carries the fields
+    its answer declares, and the snapshots' other keys (none today) stay off the wire."""
+    directory = ("--socket-dir", served.socket_dir)
+    status = json.loads(CliRunner().invoke(cli, ["status", "--json", *directory]).stdout)[0]
+    assert list(status) == ["socket", *STATUS_FIELDS]
+    drained = CliRunner().invoke(cli, ["drain", "--json", *directory])
+    [worker] = json.loads(drained.stdout)["workers"]
+    assert list(worker["result"]) == [Field.EVENT, Field.PID, *RESULT_FIELDS]
 
 
 def test_the_values_are_the_drains_own() -> None:
@@ -71,6 +107,10 @@ class Recorder:
             # (Histogram.from_dict reads what Durations.as_dict wrote): not the protocol's names.
             for kind in set(KINDS) & durations.keys():
                 dict.__setitem__(durations, kind, dict(dict.__getitem__(durations, kind)))
+        counters = dict.get(answer, Field.COUNTERS) if isinstance(answer, dict) else None
+        if isinstance(counters, dict):
+            # The counters are the tally's own groups and reasons (Tally.as_dict): data, as the kinds are.
+            dict.__setitem__(answer, Field.COUNTERS, {group: dict(value) for group, value in counters.items()})
         return answer
 
     def sent(self) -> set[str]:

@@ -1,12 +1,13 @@
 """``graceful drain`` read without click (the console script's fast path) means what click reads.
 
 The preStop hook reads its common command lines itself, so that it does not pay for importing
-click (graceful/_cli/_servers.py). These tests hold that reader to the click command: the same
+click (graceful/_cli/_prestop.py). These tests hold that reader to the click command: the same
 options, and for any command line either the same values or "let click read it".
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graceful._cli._main import DURATION, drain_command
-from graceful._cli._servers import OPTIONS, read_args
+from graceful._cli._prestop import OPTIONS, read_args
 
 ENGINE_OPTIONS = {"engine", "metrics_url", "metrics", "interval", "idle_reads", "kv_buffer", "help"}
 KEYS = (
@@ -44,6 +45,18 @@ def test_the_reader_knows_exactly_the_click_commands_drain_options() -> None:
         for name in (*param.opts, *param.secondary_opts):
             declared[name] = kind
     assert declared == OPTIONS
+
+
+def test_the_readers_duration_flags_are_the_drain_options_the_hook_judges_or_sends() -> None:
+    """Each duration flag the hook reads fills the option of its name: the budget's grace period and propagation
+    options (the drain's option fields) and a drain's own timeout (``Drain.begin_drain``'s)."""
+    from graceful._drain._options import DRAIN_OPTIONS
+    from graceful._drain._state import Drain
+
+    durations = {flag.removeprefix("--").replace("-", "_") for flag, kind in OPTIONS.items() if kind}
+    own = set(inspect.signature(Drain.begin_drain).parameters) - {"self", "reason"}
+    assert durations == own | {"grace_period"}
+    assert durations - {"timeout"} <= DRAIN_OPTIONS
 
 
 def clicks_reading(argv: list[str], environ: dict[str, str]) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ import pytest
 
 from graceful._admin._client import WorkerDrain
 from graceful._admin._wire import Field
-from graceful._cli._servers import _outlook_line
+from graceful._cli._drain_client import _outlook_line
 from tests.servers import Launched
 from tests.utils import ROOT
 

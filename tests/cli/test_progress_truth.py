@@ -18,7 +18,8 @@ import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-import graceful._cli._servers as servers
+import graceful._cli._drain_client as drain_client
+import graceful._cli._prestop as prestop
 from graceful import GracefulMiddleware, State
 from graceful._drain._state import core
 from tests.apps.streaming import app as streaming_app
@@ -85,14 +86,14 @@ def test_each_line_is_true_within_0_3_s_of_the_real_arrivals(
     and "no new request since the drain began" only while none had come 0.3 s before."""
     mw, recorder, port = recorded
     printed: list[tuple[float, str]] = []
-    monkeypatch.setattr(servers, "_say", lambda line, out=False: printed.append((time.monotonic(), line)))
+    monkeypatch.setattr(drain_client, "say", lambda line, out=False: printed.append((time.monotonic(), line)))
     began_event = threading.Event()
     mw.drain.add_listener(lambda: mw.drain.state is State.DRAINING and began_event.set())
     codes: list[int] = []
     options = {"propagation_quiet": None, "timeout": None, "grace_period": None, "json_output": False}
     hook = threading.Thread(
         target=lambda: codes.append(
-            servers.run_drain(socket_dir=socket_dir, socket=None, propagation_wait=WAIT, quiet=False, **options)
+            prestop.run_drain(socket_dir=socket_dir, socket=None, propagation_wait=WAIT, quiet=False, **options)
         )
     )
     hook.start()

@@ -229,7 +229,7 @@ def test_handoff_streams_comes_from_the_option_or_the_environment(monkeypatch: p
 
 def test_graceful_drain_shows_handed_off_streams_apart() -> None:
     from graceful._admin._client import WorkerDrain
-    from graceful._cli._servers import _progress_line, _report
+    from graceful._cli._drain_client import _progress_line, _report
 
     running = WorkerDrain("a.sock", pid=7, in_flight=1, handed_off=3, progressed=True, propagation_over=True)
     assert _progress_line([running], 2.0) == (

@@ -1,208 +1,69 @@
-"""``graceful drain`` against graceful servers: the drain, its progress lines and its report.
+"""``graceful drain`` once its request is sent: the workers' answers, the lines printed and the exit code.
 
-The preStop hook's start-up counts against the grace period, and importing click is most of
-it. So this module does not import click: the ``drain`` command of the click CLI calls
-:func:`run_drain` after click has read its options, and the console script reads the common
-forms of the command line itself (:func:`read_args`) and calls it directly. Anything it does
-not read (``--help``, engine mode, an unknown option, a value it cannot parse) goes to click,
-which then reads the whole command line and says what is wrong as it always does.
+The preStop hook's fast path (``_prestop``) judges the options, finds the sockets and sends every
+worker the drain, then hands the sockets here: each worker's answer is read in its own thread
+(``_admin._client``), its progress printed about once a second, and the report and the exit code
+follow when every worker has answered.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import sys
 import time
-from collections.abc import Mapping
+from typing import Any
 
-from .._admin._client import NoServer, WorkerDrain, discover, drain_all
-from .._admin._paths import search_dir_problem
+from .._admin._client import WorkerDrain, follow_drains
+from .._admin._paths import NoServer
 from .._admin._wire import Field, Value
-from .._drain._durations import FLAGS, check_option, check_quiet, default_reserve, judge_drain, resolve_grace
-from .._drain._errors import ConfigError
-from .._drain._names import variable
 
-# typing's import costs the preStop hook milliseconds; mypy reads the annotations anyway.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+__all__ = ["EXIT_LEFTOVER", "EXIT_NO_SERVER", "EXIT_OK", "EXIT_USAGE", "follow", "say"]
 
-__all__ = [
-    "BOTH_SOCKETS",
-    "EXIT_LEFTOVER",
-    "EXIT_NO_SERVER",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "UsageProblem",
-    "read_args",
-    "run_drain",
-    "socket_dir_to_search",
-]
-
+# The command line's exit codes (docs/cli.md): done, work left at the deadline (or a worker failed),
+# usage or configuration error, no server found.
 EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
-BOTH_SOCKETS = "use --socket-dir or --socket, not both"
-
-# The options read here, as the click command declares them: name -> takes a duration value
-# (True), a path value (False) or no value (None, a flag). tests/cli/test_cli_drain.py checks this
-# table against the click command, so the two readers cannot drift apart.
-OPTIONS: dict[str, bool | None] = {
-    "--socket-dir": False,
-    "--socket": False,
-    "--propagation-wait": True,
-    "--propagation-quiet": True,
-    "--timeout": True,
-    "--grace-period": True,
-    "--quiet": None,
-    "-q": None,
-    "--json": None,
-}
-_PARAMETER = {"-q": "quiet", "--json": "json_output"}
 
 
-class UsageProblem(Exception):
-    """The options make no drain (found before anything is sent to a server)."""
-
-
-def read_args(argv: list[str], environ: Mapping[str, str] = os.environ) -> dict[str, Any] | None:
-    """The keyword arguments of :func:`run_drain` for ``argv`` (after ``drain``), or None for click to read.
-
-    None for anything but the options in ``OPTIONS`` written as ``--name value``, ``--name=value``
-    or a flag, with values that parse; the caller then hands the command line to click.
-    """
-    args: dict[str, Any] = {
-        "socket_dir": environ.get(variable("socket_dir")) or None,
-        "socket": None,
-        "propagation_wait": None,
-        "propagation_quiet": None,
-        "timeout": None,
-        "grace_period": None,
-        "quiet": False,
-        "json_output": False,
-    }
-    position = 0
-    while position < len(argv):
-        word = argv[position]
-        position += 1
-        name, equals, value = word.partition("=")
-        kind = OPTIONS.get(name, "unknown")
-        if kind == "unknown":
-            return None
-        key = _PARAMETER.get(name) or name[2:].replace("-", "_")
-        if kind is None:
-            if equals:
-                return None
-            args[key] = True
-            continue
-        if not equals:
-            if position == len(argv) or argv[position].startswith("-"):
-                return None
-            value = argv[position]
-            position += 1
-        if kind:
-            try:
-                args[key] = check_option(key, value, name=name)
-            except ConfigError:
-                return None
-        elif value:
-            args[key] = value
-        else:
-            return None
-    return args
-
-
-def socket_dir_to_search(socket_dir: str | None, socket: str | None, *, typed: bool) -> str | None:
-    """The socket directory to search: None with ``--socket``, which wins over a directory that only the
-    environment gave; both typed conflict (:class:`UsageProblem`). ``typed``: ``--socket-dir`` was on
-    the command line."""
-    if socket_dir and socket:
-        if typed:
-            raise UsageProblem(BOTH_SOCKETS)
-        return None
-    problem = search_dir_problem(socket_dir) if socket_dir else None
-    if problem is not None:
-        # A path that can never hold sockets is the user's to fix (exit 2), as with every command.
-        given = "Invalid value for '--socket-dir':" if typed else f"environment variable {variable('socket_dir')}:"
-        raise UsageProblem(f"{given} {socket_dir!r} {problem}")
-    return socket_dir
-
-
-def run_drain(
+def follow(
+    sent: dict[str, Any],
+    opened: list[Any],
+    window: tuple[float | None, float | None],
+    started: float,
+    asked: list[str],
     *,
-    socket_dir: str | None,
-    socket: str | None,
-    propagation_wait: float | None,
-    propagation_quiet: float | None,
-    timeout: float | None,
-    grace_period: float | None,
     quiet: bool,
     json_output: bool,
+    missing: NoServer | None = None,
 ) -> int:
-    """Drain every worker and wait until nothing is in flight; returns the exit code.
-
-    Raises :class:`UsageProblem` before it contacts any server when the options make no drain.
-    """
-    if socket_dir and socket:
-        raise UsageProblem(BOTH_SOCKETS)
-    given = (propagation_wait, propagation_quiet, timeout, grace_period)
-    if propagation_quiet is not None:
-        # Checked here when both are given; against the server's own wait, the server answers.
-        try:
-            wait = math.inf if propagation_wait is None else propagation_wait
-            check_quiet(propagation_quiet, wait, name="--propagation-quiet", wait_name=FLAGS["wait"])
-        except ConfigError as exc:
-            raise UsageProblem(str(exc)) from None
-    if grace_period is not None or timeout is not None:
-        # The preStop hook shares terminationGracePeriodSeconds with everything after it: the drain
-        # gets grace_period - reserve at most (sent to the servers as the drain's timeout), judged by the
-        # server's own rule before any server is contacted (the deadline would come before the
-        # balancers have stopped sending).
-        try:
-            grace = None if grace_period is None else resolve_grace(grace_period, name=FLAGS["grace"])
-            timeout = judge_drain(
-                propagation_wait,
-                grace=grace,
-                reserve=0.0 if grace is None else default_reserve(grace),
-                drain_timeout=None,
-                timeout=timeout,
-                voice=FLAGS,
-            )
-        except ConfigError as exc:
-            raise UsageProblem(str(exc)) from None
-    started = time.monotonic()
-    # This drain's own options, as a worker already draining does not apply them (it keeps its drain's).
-    flags = ("--propagation-wait", "--propagation-quiet", "--timeout", FLAGS["grace"])
-    asked = [f"{flag} {value:g}s" for flag, value in zip(flags, given, strict=True) if value is not None]
+    """Read every worker's answer to the drain ``sent`` (by path: the socket, or why none was sent) until
+    each has ended; returns the exit code. ``window``: the drain's propagation wait and timeout, which
+    bound the wait; ``started``: when the command began (``time.monotonic()``); ``asked``: this drain's
+    options as typed, which a worker already draining does not apply; ``missing``: why no socket was found."""
 
     def progress(workers: list[WorkerDrain]) -> None:
         if not quiet:
-            _say(_progress_line(workers, time.monotonic() - started))
+            say(_progress_line(workers, time.monotonic() - started))
 
     def begun(worker: WorkerDrain) -> None:
         if worker.joined is not None and (asked or not quiet):
-            _say(_joined_line(worker, asked))
+            say(_joined_line(worker, asked))
         line, at_risk = _outlook_line(worker)
         if line and (at_risk or not quiet):
-            _say(line)
+            say(line)
 
+    wait, timeout = window
+    if missing is not None:
+        say(f"graceful drain: {missing}")
+        return EXIT_NO_SERVER
     try:
-        paths = discover(socket_dir, socket)
-        workers = drain_all(
-            paths,
-            propagation_wait=propagation_wait,
-            propagation_quiet=propagation_quiet,
-            timeout=timeout,
-            on_tick=progress,
-            on_start=begun,
-        )
+        workers = follow_drains(sent, opened, propagation_wait=wait, timeout=timeout, on_tick=progress, on_start=begun)
     except NoServer as exc:
-        _say(f"graceful drain: {exc}")
+        say(f"graceful drain: {exc}")
         return EXIT_NO_SERVER
     return _conclude(workers, started, quiet=quiet, json_output=json_output)
 
 
-def _say(line: str, *, out: bool = False) -> None:
+def say(line: str, *, out: bool = False) -> None:
     stream = sys.stdout if out else sys.stderr
     stream.write(line + "\n")
     stream.flush()
@@ -213,13 +74,13 @@ def _conclude(workers: list[WorkerDrain], started: float, *, quiet: bool, json_o
     ok = all(w.result is not None and w.result.get(Field.RESULT) == Value.DRAINED for w in live)
     if json_output:
         outcome = {"result": "drained" if ok else "timeout", "workers": [w.as_dict() for w in live]}
-        _say(json.dumps(outcome), out=True)
+        say(json.dumps(outcome), out=True)
     for worker in workers:
         if not worker.reachable:
-            _say(f"graceful drain: skipped {worker.path}: nothing listening (stale socket)")
+            say(f"graceful drain: skipped {worker.path}: nothing listening (stale socket)")
     if not quiet or not ok:
         for line in _report(live, time.monotonic() - started):
-            _say(line)
+            say(line)
     if any(w.refused for w in live):
         return EXIT_USAGE  # a server judged the options as this command does: no drain began there
     return EXIT_OK if ok else EXIT_LEFTOVER
