@@ -293,16 +293,12 @@ def report(advice: Advice, max_cut: float, max_grace: float | None = None, max_g
         lines.append(f"  at risk: none of the {advice.requests} requests ran longer: this budget cuts none of them")
     seen = advice.admitting  # issue 54: what each admission mode does with the requests of the wait
     if seen is not None:
-        left = seen.limit - seen.wait
-        arriving = f"  arriving during the {seen.wait:g} s propagation wait ({left:g} s to the deadline at its end)"
-        if round(seen.refused) == 0:
-            lines.append(f"{arriving}, every request seen finishes: --admission fits refuses none, all cuts none")
-        else:
-            lines.append(
-                f"{arriving}: --admission fits would refuse up to {math.ceil(seen.refused - 1e-9)} of the "
-                f"{seen.requests} requests seen ({seen.refused / seen.requests:.2%}); --admission all would leave at "
-                f"least {math.floor(seen.cut + 1e-9)} to be cut ({seen.cut / seen.requests:.2%})"
-            )
+        lines.append(
+            f"  arriving during the {seen.wait:g} s propagation wait ({seen.limit - seen.wait:g} s to the deadline "
+            f"at its end): --admission fits would refuse up to {seen.refused:.0f} of the {seen.requests} requests "
+            f"seen ({seen.refused / seen.requests:.2%}); --admission all would leave at least {seen.cut:.0f} to be "
+            f"cut ({seen.cut / seen.requests:.2%})"
+        )
     lines.append("recommended:")
     reasons = advice.reasons
     if advice.grace_period is not None:

@@ -45,6 +45,10 @@ class Core:
     the failure that entered FAILED.
     """
 
+    # Whether STOPPED was entered from DRAINING or FAILED (``stop`` sets it; only STOPPED reads it): work
+    # refused then stays refused until a new lifecycle begins with a lifespan startup (see restart).
+    _ended_in_drain = False
+
     def __init__(self, config: DrainConfig) -> None:
         self.config = config
         self.state = State.STARTING
@@ -62,9 +66,6 @@ class Core:
         # run``: set_launcher), and how it lists the peers of its open connections.
         self._launcher: str | None = None
         self._open_peers: Callable[[], Iterable[object]] | None = None
-        # Whether STOPPED was entered from DRAINING or FAILED: work refused then stays refused until
-        # a new lifecycle begins with a lifespan startup (see restart).
-        self._ended_in_drain = False
         self._failure: Failure | None = None  # why the server is FAILED
 
     # -- read ------------------------------------------------------------------------------
@@ -285,8 +286,7 @@ class Core:
         """Enter FAILED (see ``Drain.mark_failed``); returns True if this call entered it."""
         if self.state is FAILED or self.state is STOPPED:
             return False
-        self._failure = Failure(reason, detail, time.time())
-        self._pinned.clear()
+        self._failure = Failure(reason, detail, time.time())  # FAILED admits nothing: the pins go at restart
         self.tally.add(self.tally.failures, reason)
         self.transition(FAILED, reason)
         if detail:
@@ -304,7 +304,6 @@ class Core:
             return False
         self._pinned.clear()
         self._handing_off = False
-        self._ended_in_drain = False
         self._failure = None
         self.transition(State.STARTING, reason)
         return True
