@@ -4,11 +4,7 @@ where a server that imports the app by name will report it."""
 from __future__ import annotations
 
 import sys
-
-# typing's import costs the preStop hook milliseconds (it raises these); mypy reads the annotations anyway.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from collections.abc import Callable
 
 __all__ = ["ConfigError", "reported"]
 

@@ -14,15 +14,14 @@ import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ._observed import BOUNDS, PLAIN
 from ._status import OUTCOMES, State, Tally
 
-# typing's Protocol at runtime only for the annotation below.
-TYPE_CHECKING = False
+# typing's Protocol for the annotation below only.
 if TYPE_CHECKING:
     from typing import Protocol
 

@@ -199,6 +199,18 @@ def test_each_shared_rules_home_imports_the_standard_library_only(home: str) -> 
             assert all(stdlib_or_shared(alias.name) for alias in node.names), home
 
 
+def test_the_hooks_tricks_live_in_the_fast_path_alone() -> None:
+    """``TYPE_CHECKING`` shadowed, ``os._exit`` and a module reading its own text are the fast path's alone."""
+    found = set()
+    for path in Path(ROOT, "graceful").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            shadow = isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "TYPE_CHECKING" for t in node.targets)
+            trick = isinstance(node, ast.Attribute) and node.attr in ("_exit", "get_data", "get_source")
+            if shadow or trick:
+                found.add(str(path.relative_to(ROOT)))
+    assert found == {os.path.join("graceful", "_cli", "_prestop.py")}
+
+
 @given(st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=4))
 def test_the_hooks_query_encoding_is_urllibs(params: dict[str, str]) -> None:
     assert _query(params) == urllib.parse.urlencode(params)
