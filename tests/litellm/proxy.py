@@ -225,7 +225,7 @@ class Caller:
     ``api``: ``chat``, ``completions`` or ``responses``), ``node`` (the openai SDK for Node streaming a chat
     completion, tests/node/stream.mjs), or ``node-create`` and ``node-stream`` (its ``responses.create({stream:
     true})`` and ``responses.stream()``, tests/node/responses.mjs). ``reading`` is set once 5 lines have come.
-    ``extra`` adds fields to curl's request body (the Node scripts send their own).
+    ``extra`` adds fields to the request body (curl's, and responses.mjs's; stream.mjs sends its own).
     """
 
     def __init__(
@@ -238,8 +238,8 @@ class Caller:
         extra: dict[str, Any] | None = None,
         api: str = "chat",
     ) -> None:
-        if extra and kind != "curl":
-            raise ValueError(f"extra request fields are sent by curl only, not by {kind!r}")
+        if extra and kind == "node":
+            raise ValueError("extra request fields are sent by curl and the Responses callers only, not by 'node'")
         if kind != "curl" and api != ("responses" if kind.startswith("node-") else "chat"):
             raise ValueError(f"{kind!r} does not call {api!r}")
         self.kind = kind
@@ -255,6 +255,7 @@ class Caller:
         else:
             how = kind.removeprefix("node-")
             command = ["node", str(NODE_RESPONSES), base + "/v1", model, str(max_tokens), MASTER_KEY, how]
+            command += [json.dumps(extra)] if extra else []
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=NODE_CLIENT.parent, text=True
         )
@@ -271,6 +272,12 @@ class Caller:
             if len(self.lines) >= 5:
                 self.reading.set()
         self.reading.set()
+
+    def text_so_far(self) -> str:
+        """The text of the Responses deltas read so far (the caller still reads)."""
+        if self.kind == "curl":
+            return parse_responses(list(self.lines)).text
+        return "".join(json.loads(line).get("delta") or "" for line in list(self.lines) if '"event"' in line)
 
     def answer(self, limit: float = 150) -> Answer:
         """Wait for the client of a chat or completion to end (bounded), then what it read."""

@@ -1,15 +1,16 @@
 // One streamed Responses answer through the openai SDK for Node, as a caller that runs none of graceful's code.
-//   node responses.mjs BASE_URL MODEL MAX_OUTPUT_TOKENS API_KEY HOW
+//   node responses.mjs BASE_URL MODEL MAX_OUTPUT_TOKENS API_KEY HOW [EXTRA]
 // HOW is "create" (responses.create({stream: true})) or "stream" (the responses.stream() helper, which
-// assembles the response from the events and checks them as it goes).
-// Prints one JSON line per event, then {"end": ...} with the ids, the sequence numbers, the text of the deltas
+// assembles the response from the events and checks them as it goes); EXTRA, a JSON object of fields the
+// request adds (sampling, LiteLLM's extra_body).
+// Prints one JSON line per event (its type, and a delta's text), then {"end": ...} with the ids, the sequence numbers, the text of the deltas
 // and the final response (the event that carried it, response.completed or response.incomplete, and its id,
 // status, output text and usage), or {"error": ...} if the SDK raised or the stream ended without one. Exits 0 either way; the test judges the lines.
 import OpenAI from "openai";
 
-const [baseURL, model, maxTokens, apiKey, how] = process.argv.slice(2);
+const [baseURL, model, maxTokens, apiKey, how, extra] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey: apiKey || "unused", maxRetries: 0, timeout: 120000 });
-const request = { model, input: "Count for me please", max_output_tokens: Number(maxTokens) };
+const request = { model, input: "Count for me please", max_output_tokens: Number(maxTokens), ...JSON.parse(extra || "{}") };
 const ids = new Set();
 const sequence = [];
 let text = "";
@@ -24,7 +25,7 @@ try {
     if (event.type === "response.failed" || event.type === "error") {
       throw new Error(`${event.type}: ${JSON.stringify(event.response?.error ?? event)}`);
     }
-    console.log(JSON.stringify({ event: event.type }));
+    console.log(JSON.stringify({ event: event.type, delta: event.type === "response.output_text.delta" ? event.delta : undefined }));
   }
   if (!completed) throw new Error("the stream ended without response.completed or response.incomplete");
   const final = how === "stream" ? { event: completed.event, ...(await events.finalResponse()) } : completed;
