@@ -48,36 +48,39 @@ async def _drop(message: Message) -> None:
 
 
 class FrameClock:
-    """Stands in for a sampled call's server send (``Call.time``): counts its body frames and times the
-    first and the last, for the pace ``admission="fits"`` judges by (``_admission.Sampler``)."""
+    """Stands in for a sampled call's server send (``Call.time``): reads the time of each body frame, for
+    the pace ``admission="fits"`` judges by (``_admission.Sampler``, which takes it off after a few)."""
 
-    __slots__ = ("admitted", "call", "first", "frames", "last", "send", "since", "started")
+    __slots__ = ("admitted", "call", "send", "since", "streamed", "times")
 
     def __init__(self, call: Call, admitted: float, since: float) -> None:
         self.call = call
         self.admitted = admitted  # the call's admission (monotonic)
         self.since = since  # when the sampling began
-        self.started = call.started()  # whether its response had started then: no first-token time
-        self.frames = 0
-        self.first = self.last = 0.0
+        self.streamed = call.last is not None  # a frame went before the sampling: no first-token time
+        self.times: list[float] = []
         self.send: Send = _drop
 
     def __call__(self, message: Message) -> Awaitable[None]:
         if message.get("body"):
-            now = time.monotonic()
-            if not self.frames:
-                self.first = now
-            self.last = now
-            self.frames += 1
+            self.times.append(time.monotonic())
         return self.send(message)
 
+    @property
+    def frames(self) -> int:
+        return len(self.times)
+
     def pace(self) -> tuple[float | None, float | None]:
-        """The time from admission to the first frame (None when the response had started before the
-        sampling) and the time per frame after it; neither for fewer than three frames (not a stream)."""
-        if self.frames < 3:
+        """The time from admission to the first frame (None when one had gone before the sampling) and the
+        time per frame: the median gap between two frames, which the frames that come in a burst (an
+        OpenAI stream's role chunk, its finish and usage chunks, ``[DONE]``) do not shorten as they would
+        an average. Neither for fewer than three frames: not a stream."""
+        times = self.times
+        if len(times) < 3:
             return None, None
-        per_frame = (self.last - self.first) / (self.frames - 1)
-        return (None if self.started else self.first - self.admitted), per_frame
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        per_frame = gaps[len(gaps) // 2]
+        return (None if self.streamed else times[0] - self.admitted), per_frame
 
 
 class Call(Tracked):
@@ -174,14 +177,15 @@ class Call(Tracked):
         if kind == "http.response.start":
             self.start = message
             shared = self.shared
-            if shared.request_id_header is None and shared.drain.state is SERVING:
+            # The state from the drain's Core: a plain attribute (``Drain.state`` is a property, a call per read).
+            if shared.request_id_header is None and shared.core.state is SERVING:
                 return self.server_send(message)  # nothing to add: the app's message goes through as it is
             # A copy of the app's list (it may reuse one list for every response), set into its
             # message in place, as starlette's MutableHeaders does.
             headers = list(message.get("headers", ()))
             if shared.request_id_header is not None:
                 headers.append((shared.request_id_header, request_id(shared, self.scope)))
-            if shared.drain.state is not SERVING:
+            if shared.core.state is not SERVING:
                 if self.scope.get("http_version", "1.1") in HTTP1:
                     # Keep-alive clients and balancers must stop reusing this connection.
                     headers.append((b"connection", b"close"))

@@ -8,8 +8,8 @@ elsewhere. Nothing here runs while SERVING: the middleware asks only during a dr
 
 The expected run, from what this server has seen (docs/budget.md, "Admission during a drain"):
 
-- the body's token limit (``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens``) times the
-  time per token, plus the time to the first token, both as ``Pace`` observed them for streams;
+- the body's token limit (``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens``), plus one,
+  times the time per token, plus the time to the first frame, both as ``Pace`` observed them for streams;
 - without a limit, a pace, or a JSON body: the durations seen of its kind (a stream when the body asks
   for one, plain when it does not, either when it is not JSON) at ``HIGH``;
 - nothing seen yet: no estimate, and the request is admitted, as with ``admission="all"``.
@@ -153,7 +153,9 @@ def expected_run(body: bytes | None, pace: Pace, durations: Mapping[str, Histogr
     limit = token_limit(request)
     per_token = pace.time_per_token()
     if limit is not None and per_token is not None:
-        return pace.first_token() + limit * per_token
+        # One frame more than the limit: the first frame timed may carry no token (an OpenAI chat
+        # stream's role chunk), and the first token then comes a frame after it.
+        return pace.first_token() + (limit + 1) * per_token
     kind = _kind(request)
     seen = durations.get(kind) if kind is not None else merge_all(durations.values())
     if seen is None or seen.count == 0:

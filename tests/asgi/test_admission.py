@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import graceful._asgi._admission as admission
 from graceful import GracefulMiddleware
 from graceful._asgi._admission import BODY_LIMIT, FRAMES, Sampler
+from graceful._asgi._http import FrameClock
 from graceful._asgi._types import Message, Receive, Scope, Send
 from graceful._drain._observed import BOUNDS, PLAIN, STREAM
 from graceful._drain._state import core
@@ -116,7 +118,7 @@ async def test_a_request_that_cannot_finish_is_refused_before_the_app_sees_it() 
 async def test_a_request_that_fits_reaches_the_app_with_the_bytes_the_client_sent(key: str) -> None:
     app = Echo()
     mw = draining(app)
-    body = completion(**{key: 100})  # 0.5 + 100 x 0.1 = 10.5 s of the 25 s left
+    body = completion(**{key: 100})  # 0.5 + 101 x 0.1 = 10.6 s of the 25 s left
     recorder, _ = await send_one(mw, body)
     assert app.called and recorder.status == 200
     assert app.received == body_messages(body)  # the same messages, in the same chunks
@@ -316,3 +318,18 @@ async def test_the_sampler_lets_a_stream_go_once_it_has_enough_frames() -> None:
         sampler.sweep()  # FRAMES frames: recorded, and the server's send is the call's again
         assert sampler.clock is None and call.server_send is call_send  # type: ignore[attr-defined]
         done.set()
+
+
+def test_the_pace_is_the_median_gap_between_frames_not_their_average() -> None:
+    """An OpenAI stream of ten tokens a tenth of a second apart ends with its finish chunk, a usage chunk and
+    [DONE] at once: the average gap (0.083 s) would make its tokens look faster than they came."""
+    call = types.SimpleNamespace(last=None)
+    clock = FrameClock(call, admitted=-0.4, since=0.0)  # type: ignore[arg-type]
+    clock.times = [0.1 * i for i in range(11)] + [1.0001, 1.0002, 1.0003]
+    first, per_frame = clock.pace()
+    assert first == pytest.approx(0.4) and per_frame == pytest.approx(0.1)
+    clock.times = [0.0, 0.1]
+    assert clock.pace() == (None, None)  # two frames: not a stream
+    streamed = FrameClock(types.SimpleNamespace(last=b"data: 0\n\n"), admitted=-5.0, since=0.0)  # type: ignore[arg-type]
+    streamed.times = [0.0, 0.1, 0.2]
+    assert streamed.pace()[0] is None  # its first frame went before the clock: no first-token time

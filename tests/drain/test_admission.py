@@ -36,10 +36,10 @@ def body(**fields: object) -> bytes:
     return json.dumps({"model": "m", **fields}).encode()
 
 
-def test_the_limit_times_the_pace_plus_the_first_token() -> None:
-    assert expected_run(body(max_tokens=100), paced(), SEEN) == pytest.approx(10.5)
-    assert expected_run(body(max_completion_tokens=10), paced(), SEEN) == pytest.approx(1.5)
-    assert expected_run(body(max_output_tokens=10), paced(first=0), SEEN) == pytest.approx(1.0)
+def test_the_limit_and_one_frame_times_the_pace_plus_the_first_frame() -> None:
+    assert expected_run(body(max_tokens=100), paced(), SEEN) == pytest.approx(10.6)
+    assert expected_run(body(max_completion_tokens=10), paced(), SEEN) == pytest.approx(1.6)
+    assert expected_run(body(max_output_tokens=10), paced(first=0), SEEN) == pytest.approx(1.1)
 
 
 def test_without_a_limit_or_a_pace_the_durations_of_its_kind_at_the_high_percentile() -> None:

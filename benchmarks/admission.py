@@ -1,0 +1,103 @@
+"""What a request admitted during a drain costs with ``admission="fits"`` (issue 54), counted by callgrind.
+
+The middleware in its propagation wait, an OpenAI-style POST with a 200-byte JSON body: per request,
+the instructions of a request admitted SERVING, admitted during the wait with ``admission="all"``, and
+admitted during the wait with ``admission="fits"`` (its body read, parsed and judged by the pace seen,
+then replayed to the app, which reads it). Each variant runs in its own process under callgrind, with 0
+and with N requests (``benchmarks._callgrind``); SERVING's row is the one ``benchmarks.instructions``
+measures, with this body.
+
+    python -m benchmarks.admission            # needs valgrind (Debian package)
+
+One measurement by hand: python -m benchmarks.admission --child VARIANT FRAMES N
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from graceful._asgi._types import Message, Receive, Scope, Send
+from graceful._drain._admission import Admission
+
+from ._callgrind import per_request_and_frame, require
+from ._common import machine, table
+from ._drive import SCOPE, make_app, sink
+
+SERVING = "serving"
+DRAINING_ALL = "draining, admission all"
+DRAINING_FITS = "draining, admission fits"
+VARIANTS = (SERVING, DRAINING_ALL, DRAINING_FITS)
+BODY = json.dumps(
+    {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Say hello in three words, then stop. " * 3}],
+        "max_tokens": 64,
+        "stream": True,
+    }
+).encode()
+HEADERS = [*(h for h in SCOPE["headers"] if h[0] != b"content-length"), (b"content-length", b"%d" % len(BODY))]
+
+
+async def receive() -> Message:
+    return {"type": "http.request", "body": BODY, "more_body": False}
+
+
+def child(variant: str, frames: int, n: int) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from graceful import GracefulMiddleware
+    from graceful._drain._state import core
+
+    inner = make_app(frames)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()  # the app reads its body, as an LLM API does
+        await inner(scope, receive, send)
+
+    admission: Admission = "fits" if variant == DRAINING_FITS else "all"
+    mw = GracefulMiddleware(app, registry=CollectorRegistry(), admin=False, admission=admission, grace_period=3600)
+    mw.drain.mark_serving()
+    core(mw.drain).tally.pace.record(0.2, 0.02)  # seen: 0.2 s to the first token, 20 ms a token
+    if variant != SERVING:
+        mw.drain.begin_drain("benchmark", propagation_wait=2000)  # every request arrives in the wait
+    scope = {**SCOPE, "headers": HEADERS}
+
+    async def run() -> None:
+        for _ in range(n):
+            await mw(scope, receive, sink)
+
+    asyncio.run(run())
+    # Every request was admitted and answered: the fits variant judged each one and let it through.
+    assert mw.drain.counters()["requests"]["completed"] == n and not mw.drain.counters()["rejected"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--frames", type=int, default=100)
+    parser.add_argument("--child", nargs=3, metavar=("VARIANT", "FRAMES", "N"))
+    args = parser.parse_args()
+    if args.child:
+        variant, frames, n = args.child
+        child(variant, int(frames), int(n))
+        return
+    require("benchmarks.admission")
+    counts = per_request_and_frame("benchmarks.admission", VARIANTS, args.requests, args.frames)
+    serving = counts[SERVING]["request"]
+    rows = [
+        [
+            name,
+            f"{c['request']:,.0f}",
+            "-" if name == SERVING else f"{c['request'] - serving:+,.0f}",
+            f"{c['frame']:,.0f}",
+        ]
+        for name, c in counts.items()
+    ]
+    print(f"machine: {machine()}\n")
+    print(table(["variant", "instructions / request", "over serving", "instructions / frame"], rows))
+
+
+if __name__ == "__main__":
+    main()
