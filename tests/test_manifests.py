@@ -226,7 +226,7 @@ def test_vllm_with_the_middleware_probes_it_and_keeps_its_own_pages() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == DEFAULTS["ready_path"]
     assert container["startupProbe"]["httpGet"]["path"] == DEFAULTS["startup_path"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    exempt = Given(DECLARED, env(container), {}).value("exempt_paths")
+    exempt = Given(DECLARED, env(container), {}).settle(["exempt_paths"])["exempt_paths"]
     assert set(exempt) >= {"/health", "/metrics"}
     (mount,) = container["volumeMounts"]
     assert env(container)["VLLM_LOGGING_CONFIG_PATH"].startswith(mount["mountPath"] + "/")

@@ -43,7 +43,7 @@ from ._frames import FinalFrame, default_final_frame
 __all__ = ["DECLARED", "DEFAULTS", "MIDDLEWARE_DECLARED", "MiddlewareConfig", "environment_rows", "middleware_rows"]
 
 # -- the middleware's kinds of value: each a reader (variable's text) and a check (value given in code) -----
-# They raise ConfigError with the value and the fix; ``Given.value`` puts the option or the variable before it.
+# They raise ConfigError with the value and the fix; ``Given.settle`` puts the option or the variable before it.
 
 
 def _refuse(shown: object, problem: str | None) -> None:
@@ -272,9 +272,9 @@ class MiddlewareConfig:
     @classmethod
     def resolve(cls, given: Mapping[str, Any], environ: Mapping[str, str]) -> MiddlewareConfig:
         """Options as passed (``UNSET`` where not), else from their variables in ``environ``, else the
-        defaults; each checked by its kind, a wrong one named as the user gave it (``Given.value``)."""
+        defaults; each checked by its kind, a wrong one named as the user gave it (``Given.settle``)."""
         options = Given(MIDDLEWARE_DECLARED, environ, given)
-        values = {name: options.value(name) for name in MIDDLEWARE_DECLARED}
+        values = options.settle(MIDDLEWARE_DECLARED)
         from_variable = "socket_dir" in options.from_variables
         given_as = f"environment variable {variable('socket_dir')}" if from_variable else "socket_dir"
         config = cls(

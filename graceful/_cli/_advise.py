@@ -1,7 +1,7 @@
 """``graceful advise``: the budget from evidence, read from the servers (or an engine) that saw the traffic.
 
-The arithmetic is ``_drain._advice``'s; this module gathers the evidence (every worker's admin
-status, or an engine's metrics page), prints the advice and turns its verdict into an exit code:
+The arithmetic is ``_drain._advice``'s and the evidence ``_evidence``'s (every worker's admin status, or
+an engine's metrics page); this module declares the command, prints the advice and turns its verdict into an exit code:
 0 when the budget in force covers the traffic seen (or cuts no more than ``--max-cut``), 1 when it
 cuts more or the grace period the traffic needs is over ``--max-grace-period``, 2 for bad usage
 (two sources of evidence at once among them), 3 when no server (or engine) answers.
@@ -11,49 +11,32 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import time
 from typing import Any
 
-import anyio
 import click
 from click.core import ParameterSource
 
-from .._admin._client import NoServer, discover, request_all
-from .._admin._wire import Field
-from .._drain._advice import Advice, Evidence, advise
+from .._drain._advice import Advice, advise
 from .._drain._budget import Budget
-from .._drain._durations import default_reserve, parse_duration
+from .._drain._durations import default_reserve
+from .._drain._environ import parse_duration
 from .._drain._errors import ConfigError
-from .._drain._observed import KINDS, Histogram, ObservationError
-from .._drain._options import DrainConfig
-from ._servers import EXIT_LEFTOVER, EXIT_NO_SERVER, EXIT_OK, EXIT_USAGE
+from .._drain._options import DRAIN_DECLARED, DrainConfig
+from ._drain_client import EXIT_LEFTOVER, EXIT_OK, EXIT_USAGE
+from ._evidence import Problem, as_typed, engine_evidence, one_source, saved_evidence, server_evidence
+from ._params import ENGINES, judge_flag, search_dir, socket_dir_option, socket_option
 
 __all__ = [
     "OVER_LIMIT",
-    "Problem",
-    "as_typed",
-    "engine_evidence",
-    "evidence_from",
-    "one_source",
+    "advise_command",
     "parse_share",
     "report",
     "run_advise",
-    "saved_evidence",
-    "server_evidence",
     "verdict",
 ]
 
 # The verdict when the grace period the traffic needs is over --max-grace-period (exit 1, as "cuts").
 OVER_LIMIT = "over the limit"
-
-
-class Problem(Exception):
-    """What keeps ``advise`` from advising, with the exit code it means."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # The budget values the command line may give: its parameter -> (the budget's name, the flag).
@@ -76,137 +59,6 @@ def parse_share(text: str) -> float:
     if not 0.0 <= share <= 1.0:
         raise ConfigError(f"--max-cut {text!r} is not a share; give a percentage such as 1% or a fraction such as 0.01")
     return share
-
-
-def server_evidence(socket_dir: str | None, socket: str | None) -> tuple[Evidence, dict[str, Any]]:
-    """Every worker's durations, merged, and the budget in force (the first worker's); raises Problem."""
-    try:
-        paths = discover(socket_dir, socket)
-        answers = request_all(paths, "GET", "/status")
-    except NoServer as exc:
-        raise Problem(str(exc), EXIT_NO_SERVER) from None
-    live = [body for body in answers.values() if body is not None]
-    if not live:
-        raise Problem("no graceful server found: nothing is listening on " + ", ".join(paths), EXIT_NO_SERVER)
-    return evidence_from(live)
-
-
-def saved_evidence(files: tuple[str, ...]) -> tuple[Evidence, dict[str, Any]]:
-    """The workers' statuses saved by ``graceful status --json`` (a list per file), merged; raises Problem.
-
-    Input given twice counts once: a file named twice (by any path) is read once, and a worker saved
-    twice (the same process: its pid and when its counts began) counts by its latest status only.
-    """
-    read: set[str] = set()
-    workers: dict[tuple[object, ...], tuple[str, dict[str, Any]]] = {}
-    for name in files:
-        path = os.path.realpath(name)
-        if path in read:
-            continue
-        read.add(path)
-        try:
-            with open(name, encoding="utf-8") as saved:
-                content = json.load(saved)
-        except OSError as exc:
-            raise Problem(f"--from {name}: {exc.strerror}; give a file written by graceful status --json") from None
-        except ValueError as exc:
-            raise Problem(f"--from {name}: not JSON ({exc}); give a file written by graceful status --json") from None
-        for index, body in enumerate(content if isinstance(content, list) else [content]):
-            if not isinstance(body, dict) or Field.PID not in body or Field.STATE not in body:
-                raise Problem(
-                    f"--from {name}: not a worker status written by graceful status --json; "
-                    f"save one with graceful status --json > {name}"
-                )
-            key = _worker(body) or (path, index)
-            kept = workers.get(key)
-            if kept is None or _until(body) > _until(kept[1]):
-                workers[key] = (f"--from {name}", body)
-    if not workers:
-        given = " ".join(f"--from {name}" for name in files)
-        where = "it" if len(files) == 1 else "them"
-        raise Problem(f"{given}: no worker status in {where}; give files written by graceful status --json")
-    origins, bodies = zip(*workers.values(), strict=True)
-    return evidence_from(list(bodies), list(origins))
-
-
-def _worker(body: dict[str, Any]) -> tuple[object, ...] | None:
-    """Which process a saved status is (its pid and when its counts began), or None when it does not say."""
-    durations = body.get(Field.DURATIONS)
-    began = durations.get(Field.SINCE) if isinstance(durations, dict) else None
-    return None if began is None else (str(body.get(Field.PID)), str(began))
-
-
-def _until(body: dict[str, Any]) -> float:
-    """When a saved status's counts end (0 when it does not say): of two of one worker, the later holds more."""
-    durations = body.get(Field.DURATIONS)
-    until = durations.get(Field.UNTIL) if isinstance(durations, dict) else None
-    return float(until) if isinstance(until, (int, float)) else 0.0
-
-
-def evidence_from(bodies: list[dict[str, Any]], origins: list[str] | None = None) -> tuple[Evidence, dict[str, Any]]:
-    """Merge workers' statuses (``/status`` answers) and take the first one's budget; raises Problem.
-
-    ``origins`` says where each came from (``--from FILE``), for the messages."""
-    histograms: dict[str, Histogram] = {}
-    now = time.time()
-    since, until, propagation = now, 0.0, list[float]()
-    for position, body in enumerate(bodies):
-        where = f"{origins[position]}: " if origins else ""
-        worker = f"{where}worker {body.get(Field.PID, '?')}"
-        durations = body.get(Field.DURATIONS)
-        if not isinstance(durations, dict) or Field.BOUNDS not in durations:
-            raise Problem(f"{worker} reports no request durations: upgrade its graceful")
-        try:
-            for kind in KINDS:
-                seen = Histogram.from_dict(durations[Field.BOUNDS], durations.get(kind) or {})
-                histograms[kind] = histograms[kind].merged(seen) if kind in histograms else seen
-            since = min(since, float(durations.get(Field.SINCE) or since))
-            until = max(until, float(durations.get(Field.UNTIL) or now))
-            propagation.extend(float(p) for p in body.get(Field.PROPAGATION) or ())
-        except (ObservationError, AttributeError, TypeError, ValueError) as exc:
-            raise Problem(f"{worker}: unreadable durations ({exc})") from None
-    workers = f"{len(bodies)} worker{'s' if len(bodies) != 1 else ''}"
-    return Evidence(histograms, until - since, tuple(propagation), workers), dict(bodies[0].get(Field.BUDGET) or {})
-
-
-def engine_evidence(engine: str | None, metrics_url: str | None, histogram: str | None) -> Evidence:
-    """The engine's request-duration histogram, read once off its page; raises Problem."""
-    from .._engine._histogram import EvidenceError, fetch_histogram
-    from .._engine._presets import PRESETS
-
-    preset = PRESETS[engine] if engine is not None else None
-    name = histogram or (preset.histogram if preset is not None else "")
-    if not name:
-        if preset is not None:
-            raise Problem(
-                f"--engine {engine}: it publishes no request-duration histogram; name one with --histogram NAME"
-            )
-        raise Problem("--metrics-url needs --engine (vllm, sglang, tgi) or --histogram NAME to know what to read")
-    url = metrics_url or (preset.url if preset is not None else "")
-    if not url:
-        raise Problem(f"--histogram {name} needs --metrics-url (the engine's metrics page) or --engine")
-    try:
-        seen = anyio.run(fetch_histogram, url, name)
-    except EvidenceError as exc:
-        raise Problem(str(exc), EXIT_NO_SERVER if exc.unreachable else EXIT_USAGE) from None
-    return Evidence({"all requests": seen}, None, (), f"{name} at {url}", sees_drains=False)
-
-
-def one_source(*sources: str) -> None:
-    """Refuse two sources of evidence at once (running servers, saved statuses, an engine's page);
-    raises Problem (exit 2). Each source is as the command line gave it (``--from status.json``),
-    or "" when not given: ``as_typed`` makes one."""
-    named = [source for source in sources if source]
-    if len(named) > 1:
-        listed = f"{', '.join(named[:-1])} or {named[-1]}"
-        raise Problem(
-            f"use {listed}, not {'both' if len(named) == 2 else 'more than one'}: each is a source of evidence"
-        )
-
-
-def as_typed(*options: tuple[str, str | None]) -> str:
-    """The first option of one source that the command line gave, as typed (``--engine vllm``), else ""."""
-    return next((f"{flag} {value}" for flag, value in options if value), "")
 
 
 def verdict(advice: Advice, max_cut: float, max_grace: float | None) -> str:
@@ -293,12 +145,16 @@ def report(advice: Advice, max_cut: float, max_grace: float | None = None, max_g
         lines.append(f"  at risk: none of the {advice.requests} requests ran longer: this budget cuts none of them")
     seen = advice.admitting  # issue 54: what each admission mode does with the requests of the wait
     if seen is not None:
-        lines.append(
-            f"  arriving during the {seen.wait:g} s propagation wait ({seen.limit - seen.wait:g} s to the deadline "
-            f"at its end): --admission fits would refuse up to {seen.refused:.0f} of the {seen.requests} requests "
-            f"seen ({seen.refused / seen.requests:.2%}); --admission all would leave at least {seen.cut:.0f} to be "
-            f"cut ({seen.cut / seen.requests:.2%})"
-        )
+        left = seen.limit - seen.wait
+        arriving = f"  arriving during the {seen.wait:g} s propagation wait ({left:g} s to the deadline at its end)"
+        if round(seen.refused) == 0:
+            lines.append(f"{arriving}, every request seen finishes: --admission fits refuses none, all cuts none")
+        else:
+            lines.append(
+                f"{arriving}: --admission fits would refuse up to {math.ceil(seen.refused - 1e-9)} of the "
+                f"{seen.requests} requests seen ({seen.refused / seen.requests:.2%}); --admission all would leave at "
+                f"least {math.floor(seen.cut + 1e-9)} to be cut ({seen.cut / seen.requests:.2%})"
+            )
     lines.append("recommended:")
     reasons = advice.reasons
     if advice.grace_period is not None:
@@ -391,3 +247,52 @@ def _typed(name: str) -> bool:
     """Whether the command line gave option ``name`` (rather than its environment variable)."""
     ctx = click.get_current_context(silent=True)
     return ctx is None or ctx.get_parameter_source(name) is not ParameterSource.ENVIRONMENT
+
+
+@click.command("advise")
+@socket_dir_option
+@socket_option
+@click.option("--engine", type=click.Choice(ENGINES), default=None, help="Read an engine's request-duration histogram.")
+@click.option("--metrics-url", default=None, metavar="URL", help="The engine's metrics page [the engine's default].")
+@click.option(
+    "--histogram", default=None, metavar="NAME", help="The request-duration histogram to read [the engine's]."
+)
+@click.option(
+    "--from",
+    "saved",
+    multiple=True,
+    metavar="FILE",
+    help="Read workers' statuses saved by graceful status --json instead of asking running servers; repeatable.",
+)
+# What if: the budget's options and the admission mode, from their fields. Durations are read by ``run_advise``:
+# a wrong one gets a one-line message, as every other problem does.
+@judge_flag("grace_period", DRAIN_DECLARED["grace_period"])
+@judge_flag("reserve", DRAIN_DECLARED["reserve"], instead="the server's, else the default rule")
+@judge_flag("propagation_wait", DRAIN_DECLARED["propagation_wait"])
+@judge_flag("propagation_quiet", DRAIN_DECLARED["propagation_quiet"])
+@judge_flag("drain_timeout", DRAIN_DECLARED["drain_timeout"], flag="--timeout")
+@judge_flag(
+    "admit_during_propagation", DRAIN_DECLARED["admit_during_propagation"], instead="the server's (engines: admit)"
+)
+@click.option(
+    "--max-cut",
+    default="0",
+    metavar="SHARE",
+    show_default=True,
+    help="Exit 1 when the budget leaves more than this share of the requests seen at risk (1% or 0.01).",
+)
+@click.option(
+    "--max-grace-period", default=None, metavar="DURATION", help="The longest grace period the platform allows."
+)
+@click.option("--json", "json_output", is_flag=True, help="Print the advice as JSON on stdout.")
+@click.pass_context
+def advise_command(ctx: click.Context, /, **options: Any) -> None:
+    """Say which grace period, propagation wait and timeout the traffic seen needs.
+
+    Reads every worker's request durations over the admin socket (or from files saved by
+    graceful status --json, or an engine's histogram) and judges the budget in force by them. Exit 0
+    when it covers them (within --max-cut), 1 when it does not, 2 on bad usage, 3 when
+    no server answers.
+    """
+    options["socket_dir"] = search_dir(ctx, options["socket_dir"], options["socket"])
+    ctx.exit(run_advise(**options))

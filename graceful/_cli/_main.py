@@ -12,30 +12,40 @@ import time
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from .._admin._client import NoServer, discover, request_all
-from .._admin._wire import Field, Value
-from .._drain._admission import WOULD_NOT_FINISH
+from .._admin._wire import Field, Route, Value
+from .._drain._budget import BUDGET_DECLARED
+from .._drain._environ import shown_default
 from .._drain._names import variable
-from ._params import DURATION, FromEnv, fail, socket_dir_option
-from ._servers import EXIT_NO_SERVER, UsageProblem, run_drain, socket_dir_to_search
+from ._drain_client import EXIT_NO_SERVER
+from ._params import (
+    DURATION,
+    ENGINES,
+    FromEnv,
+    fail,
+    option_flag,
+    search_dir,
+    socket_dir_option,
+    socket_option,
+)
+from ._prestop import UsageProblem, run_drain
 
 __all__ = ["cli", "drain_command", "main"]
 
-ENGINES = ("vllm", "sglang", "tgi", "triton")
-
-
-socket_option = click.option("--socket", type=click.Path(dir_okay=False), help="Talk to this one socket only.")
-
 
 class _Commands(click.Group):
-    """Loads ``run`` and ``soak`` only when they are asked for: the preStop hook must not pay for their imports."""
+    """Loads ``run``, ``advise`` and ``soak`` only when they are asked for: the preStop hook must not pay for
+    their imports."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), "run", "soak"])
+        return sorted([*super().list_commands(ctx), "advise", "run", "soak"])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "advise":
+            from ._advise import advise_command
+
+            return advise_command
         if cmd_name == "soak":
             from ._soak import soak_command
 
@@ -60,32 +70,27 @@ ENGINE_ONLY = ("engine", "metrics_url", "metrics", "interval", "idle_reads", "kv
 @cli.command("drain")
 @socket_dir_option
 @socket_option
-@click.option("--propagation-wait", type=DURATION, default=None, help="Keep serving this long after going unready.")
-@click.option(
-    "--propagation-quiet",
-    type=DURATION,
-    default=None,
-    help="End the propagation wait early once no new request has come for this long.",
-)
-@click.option(
-    "--timeout",
+# The budget's flags, from its fields (their help is the documentation's meaning). The drain's own --timeout
+# is an upper bound on this drain, as drain_timeout is on every drain. Against servers the servers' own
+# budget applies; engine mode reads the hook's environment for --timeout and --grace-period.
+@option_flag("propagation_wait", BUDGET_DECLARED["propagation_wait"])
+@option_flag("propagation_quiet", BUDGET_DECLARED["propagation_quiet"])
+@option_flag(
+    "drain_timeout",
+    BUDGET_DECLARED["drain_timeout"],
+    flag="--timeout",
     cls=FromEnv,
-    type=DURATION,
-    default=None,
     variables=("DRAIN_TIMEOUT",),
     default_text="none",
     scope="engine mode",
-    help="Give up on in-flight work after this long (against servers: their own limit applies too).",
 )
-@click.option(
-    "--grace-period",
+@option_flag(
+    "grace_period",
+    BUDGET_DECLARED["grace_period"],
     cls=FromEnv,
-    type=DURATION,
-    default=None,
     variables=(variable("grace_period"), "GRACE_SECONDS"),
-    default_text="30 s",
+    default_text=shown_default(*BUDGET_DECLARED["grace_period"]),
     scope="engine mode",
-    help="The pod's terminationGracePeriodSeconds.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 @click.option("--json", "json_output", is_flag=True, help="Print the outcome as JSON on stdout.")
@@ -101,7 +106,7 @@ ENGINE_ONLY = ("engine", "metrics_url", "metrics", "interval", "idle_reads", "kv
 def drain_command(ctx: click.Context, /, **options: Any) -> None:
     """Drain every worker and wait until nothing is in flight (for a preStop hook)."""
     engine = {name: options.pop(name) for name in ENGINE_ONLY}
-    options["socket_dir"] = _socket_dir(ctx, options["socket_dir"], options["socket"])
+    options["socket_dir"] = search_dir(ctx, options["socket_dir"], options["socket"])
     if engine["engine"] is not None or engine["metrics_url"] is not None or engine["metrics"]:
         if options["propagation_quiet"] is not None:
             fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
@@ -124,7 +129,7 @@ def drain_command(ctx: click.Context, /, **options: Any) -> None:
 @click.pass_context
 def status_command(ctx: click.Context, socket_dir: str | None, socket: str | None, json_output: bool) -> None:
     """Print one row per worker: state, in flight, since (and why a FAILED worker failed)."""
-    answers = _ask(ctx, socket_dir, socket, "GET", "/status")
+    answers = _ask(ctx, socket_dir, socket, "GET", Route.STATUS)
     if json_output:
         click.echo(json.dumps([{"socket": path, **body} for path, body in answers.items()]))
         return
@@ -134,65 +139,11 @@ def status_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
         failure = body.get(Field.FAILURE)
         cause = f"  {failure[Field.REASON]}: {failure[Field.DETAIL]}" if isinstance(failure, dict) else ""
         # admission="fits" (issue 54): the requests refused because they would not have finished in time.
+        from .._drain._admission import WOULD_NOT_FINISH  # here: the preStop hook's click path does not load it
+
         late = body.get(Field.COUNTERS, {}).get("rejected", {}).get(WOULD_NOT_FINISH, 0)
         cause += f"  refused {late} that would not finish (admission fits)" if late else ""
         click.echo(f"{body[Field.PID]:>8}  {body[Field.STATE]:<9} {body[Field.IN_FLIGHT]:>9}  {since}{cause}")
-
-
-@cli.command("advise")
-@socket_dir_option
-@socket_option
-@click.option("--engine", type=click.Choice(ENGINES), default=None, help="Read an engine's request-duration histogram.")
-@click.option("--metrics-url", default=None, metavar="URL", help="The engine's metrics page [the engine's default].")
-@click.option(
-    "--histogram", default=None, metavar="NAME", help="The request-duration histogram to read [the engine's]."
-)
-@click.option(
-    "--from",
-    "saved",
-    multiple=True,
-    metavar="FILE",
-    help="Read workers' statuses saved by graceful status --json instead of asking running servers; repeatable.",
-)
-# Durations are read by ``run_advise``: a wrong one gets a one-line message, as every other problem does.
-@click.option("--grace-period", default=None, metavar="DURATION", help="Judge this grace period [the server's].")
-@click.option(
-    "--reserve", default=None, metavar="DURATION", help="Judge this reserve [the server's, else the default rule]."
-)
-@click.option(
-    "--propagation-wait", default=None, metavar="DURATION", help="The preStop hook's propagation wait [the server's]."
-)
-@click.option("--propagation-quiet", default=None, metavar="DURATION", help="The hook's quiet rule [the server's].")
-@click.option("--timeout", default=None, metavar="DURATION", help="The drain timeout [the server's].")
-@click.option(
-    "--admit-during-propagation/--no-admit-during-propagation",
-    default=None,
-    help="Judge this admission mode [the server's; engines: admit].",
-)
-@click.option(
-    "--max-cut",
-    default="0",
-    metavar="SHARE",
-    show_default=True,
-    help="Exit 1 when the budget leaves more than this share of the requests seen at risk (1% or 0.01).",
-)
-@click.option(
-    "--max-grace-period", default=None, metavar="DURATION", help="The longest grace period the platform allows."
-)
-@click.option("--json", "json_output", is_flag=True, help="Print the advice as JSON on stdout.")
-@click.pass_context
-def advise_command(ctx: click.Context, /, **options: Any) -> None:
-    """Say which grace period, propagation wait and timeout the traffic seen needs.
-
-    Reads every worker's request durations over the admin socket (or from files saved by
-    graceful status --json, or an engine's histogram) and judges the budget in force by them. Exit 0
-    when it covers them (within --max-cut), 1 when it does not, 2 on bad usage, 3 when
-    no server answers.
-    """
-    from ._advise import run_advise
-
-    options["socket_dir"] = _socket_dir(ctx, options["socket_dir"], options["socket"])
-    ctx.exit(run_advise(**options))
 
 
 @cli.command("resume")
@@ -201,7 +152,7 @@ def advise_command(ctx: click.Context, /, **options: Any) -> None:
 @click.pass_context
 def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | None) -> None:
     """Undrain every worker (DRAINING -> SERVING). A FAILED worker is never resumed: exit 1."""
-    answers = _ask(ctx, socket_dir, socket, "POST", "/resume")
+    answers = _ask(ctx, socket_dir, socket, "POST", Route.RESUME)
     failed = 0
     for body in answers.values():
         worker, state = body.get(Field.PID, "?"), body[Field.STATE]
@@ -218,18 +169,8 @@ def resume_command(ctx: click.Context, socket_dir: str | None, socket: str | Non
         ctx.exit(1)
 
 
-def _socket_dir(ctx: click.Context, socket_dir: str | None, socket: str | None) -> str | None:
-    """The socket directory to search, or None with ``--socket``: both flags typed conflict (exit 2), while
-    ``--socket`` wins over a directory that only the environment gave."""
-    typed = ctx.get_parameter_source("socket_dir") is ParameterSource.COMMANDLINE
-    try:
-        return socket_dir_to_search(socket_dir, socket, typed=typed)
-    except UsageProblem as exc:
-        fail(ctx, str(exc))
-
-
 def _ask(ctx: click.Context, socket_dir: str | None, socket: str | None, method: str, url: str) -> dict[str, Any]:
-    socket_dir = _socket_dir(ctx, socket_dir, socket)
+    socket_dir = search_dir(ctx, socket_dir, socket)
     try:
         paths = discover(socket_dir, socket)
         answers = request_all(paths, method, url)

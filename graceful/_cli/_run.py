@@ -7,18 +7,16 @@ app (``graceful/_serve/_launcher.py``, ``serve``): it fills what the app's code 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 from click.decorators import FC
 
-from .._drain._admission import MODES
 from .._drain._environ import shown_default, variable
 from .._drain._errors import ConfigError
 from .._drain._options import DRAIN_DECLARED
-from ._params import DURATION, FromEnv, fail, socket_dir_option
+from ._params import FromEnv, fail, option_flag, socket_dir_option
 
 if TYPE_CHECKING:
     from .._serve._load import Flag
@@ -45,20 +43,29 @@ class _DrainFlag(FromEnv):
         return super().process_value(ctx, value)
 
 
-def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
-    """A drain option's flag: its help ends with the value in force, from its variable or its declared
-    default (``FromEnv``)."""
-    option = flag.split("/")[0].removeprefix("--").replace("-", "_")
-    default, env = DRAIN_DECLARED[option]
-    return click.option(
-        flag,
-        cls=_DrainFlag,
-        default=None,
-        variables=(variable(option),),
-        default_text=shown_default(default, env),
-        help=text,
-        **kwargs,
-    )
+# The drain options that graceful run takes as flags, in the order of its --help.
+FLAGS = (
+    "grace_period",
+    "propagation_wait",
+    "propagation_quiet",
+    "drain_timeout",
+    "reserve",
+    "admit_during_propagation",
+    "handoff_streams",
+    "admission",
+)
+
+
+def _drain_flags(command: FC) -> FC:
+    """The drain options' flags, from their fields (``option_flag``): the help is the documentation's meaning
+    and ends with the value in force, from the option's variable or its declared default (``FromEnv``)."""
+    for option in reversed(FLAGS):
+        field = DRAIN_DECLARED[option]
+        flag = option_flag(
+            option, field, cls=_DrainFlag, variables=(variable(option),), default_text=shown_default(*field)
+        )
+        command = flag(command)
+    return command
 
 
 @click.command("run")
@@ -75,26 +82,7 @@ def _drain_flag(flag: str, text: str, **kwargs: Any) -> Callable[[FC], FC]:
 )
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
 @socket_dir_option
-@_drain_flag("--grace-period", "The pod's terminationGracePeriodSeconds.", type=DURATION)
-@_drain_flag("--propagation-wait", "Keep serving this long after going unready.", type=DURATION)
-@_drain_flag(
-    "--propagation-quiet", "End the propagation wait once no new request has come for this long.", type=DURATION
-)
-@_drain_flag("--drain-timeout", "Cap on the drain, below grace period - reserve.", type=DURATION)
-@_drain_flag("--reserve", "Part of the grace period kept for exit.", type=DURATION)
-@_drain_flag(
-    "--admit-during-propagation/--no-admit-during-propagation",
-    "Serve new requests until the propagation wait ends (--no-...: refuse them from the drain's start).",
-)
-@_drain_flag(
-    "--handoff-streams/--no-handoff-streams",
-    "After the propagation wait, end resumable SSE streams for their clients to continue elsewhere.",
-)
-@_drain_flag(
-    "--admission",
-    "During a drain, admit every request (all) or only those expected to finish before the deadline (fits).",
-    type=click.Choice(MODES),
-)
+@_drain_flags
 @click.option(
     "--timeout-keep-alive",
     type=click.IntRange(min=1, max=24 * 3600),

@@ -14,11 +14,11 @@ from typing import Never
 
 from ._durations import (
     DEFAULT_GRACE_PERIOD,
-    check_quiet,
     default_reserve,
     drain_limit,
     drain_timeout_seconds,
     grace_seconds,
+    judge_budget,
     judge_drain,
     quiet_seconds,
     reserve_seconds,
@@ -45,7 +45,7 @@ class Budget:
     )
     reserve: float = option(
         default=None,
-        kind=duration(reserve_seconds),
+        kind=duration(reserve_seconds, after=("grace_period",)),
         value="a duration",
         meaning="left after the deadline for sidecars, log flush and exit",
         shown="30% of grace, ≥ 10 s",
@@ -68,6 +68,7 @@ class Budget:
         kind=duration(quiet_seconds, optional=True),
         value="a duration, or `none`",
         meaning="end the propagation wait early once no new request has arrived for this long (see below)",
+        noun="quiet period",
     )
 
     def __post_init__(self) -> None:
@@ -88,32 +89,27 @@ class Budget:
     ) -> Budget:
         """Build a budget from options (durations as numbers or strings; None or ``UNSET`` for not given),
         filling what is not given from the variables in ``environ`` (none unless passed), else from the
-        declared defaults. Raises :class:`ConfigError` as :meth:`from_given` does."""
+        declared defaults. Raises :class:`ConfigError` as :meth:`from_given` does (a budget option given as None
+        is not given: its variable, else its default, fills it)."""
         if unknown:
             raise TypeError(f"unknown budget option(s) {sorted(unknown)}; the options are {sorted(BUDGET_DECLARED)}")
-        given = {
-            "grace_period": grace_period,
-            "reserve": reserve,
-            "drain_timeout": drain_timeout,
-            "propagation_wait": propagation_wait,
-            "propagation_quiet": propagation_quiet,
-        }
-        return cls.from_given(Given(BUDGET_DECLARED, environ or {}, not_none(given)))
+        given = not_none(
+            {
+                "grace_period": grace_period,
+                "reserve": reserve,
+                "drain_timeout": drain_timeout,
+                "propagation_wait": propagation_wait,
+                "propagation_quiet": propagation_quiet,
+            }
+        )
+        options = Given(BUDGET_DECLARED, environ or {}, given)
+        return cls(**options.settle(BUDGET_DECLARED, judge=judge_budget))
 
     @classmethod
     def from_given(cls, given: Given) -> Budget:
-        """The budget of the options ``given``, each held to its rule (``Given.value``: a wrong one is named as
-        the user gave it), then to the rules between them: a ``propagation_quiet`` no longer than a configured
-        ``propagation_wait`` (with none here, 0, the quiet rule waits for a drain request that brings one) and
-        a ``propagation_wait`` that fits the limit (``judge``)."""
-        grace = given.value("grace_period")
-        wait = given.value("propagation_wait")
-        quiet = given.value("propagation_quiet")
-        budget = cls(grace, given.value("reserve", grace), given.value("drain_timeout"), wait, quiet)
-        if quiet is not None and wait > 0:
-            given.judged(check_quiet, quiet, wait)
-        given.judged(budget.judge, wait)
-        return budget
+        """The budget of the options ``given``: each held to its own rule (``Given.settle``: a wrong one is named
+        as the user gave it), then to the rules between them (``judge_budget``)."""
+        return cls(**given.settle(BUDGET_DECLARED, judge=judge_budget))
 
     def judge(self, wait: float, *, timeout: float | None = None) -> float:
         """The budget rule (``judge_drain``) for a wait, against this budget's limit shortened by a drain's

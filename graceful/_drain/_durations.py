@@ -6,7 +6,7 @@ The preStop hook checks its budget before it looks for a server; it reads this m
 
 Nothing here knows how its user wrote an option. A wrong value raises :class:`ConfigError` with the
 value and the fix; a rule that mentions options writes each as ``{option}`` (``ConfigError.between``).
-The edge that took the value (``_environ.Given`` for keyword arguments and variables, click's
+The edge that took the value (``_environ.Given.settle`` for keyword arguments and variables, click's
 ``DURATION`` for flags, the preStop hook's reader) re-raises it with the option, the flag or the
 variable (``ConfigError.named``).
 """
@@ -29,6 +29,7 @@ __all__ = [
     "drain_limit",
     "drain_timeout_seconds",
     "grace_seconds",
+    "judge_budget",
     "judge_drain",
     "quiet_seconds",
     "reserve_seconds",
@@ -211,3 +212,20 @@ def judge_drain(
         fix = "raise {grace_period}, the pod's terminationGracePeriodSeconds"
     check_wait(wait, limit, bound=bound, fix=fix)
     return limit
+
+
+def judge_budget(
+    *,
+    grace_period: float,
+    reserve: float | None,
+    drain_timeout: float | None,
+    propagation_wait: float,
+    propagation_quiet: float | None,
+) -> None:
+    """The rules between the budget's options, once each holds its own: a ``propagation_quiet`` no longer than
+    a configured ``propagation_wait`` (with none, 0, the quiet rule waits for a drain request that brings one),
+    and a ``propagation_wait`` that fits the drain (``judge_drain``; a reserve of None takes the default rule)."""
+    if propagation_quiet is not None and propagation_wait > 0:
+        check_quiet(propagation_quiet, propagation_wait)
+    room = default_reserve(grace_period) if reserve is None else reserve
+    judge_drain(propagation_wait, grace=grace_period, reserve=room, drain_timeout=drain_timeout, timeout=None)

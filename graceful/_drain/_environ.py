@@ -9,7 +9,7 @@ declared with :func:`option`: the default, its :class:`Kind` (how its variable, 
 documentation and ``--help`` say of it. A value given in code wins; a variable fills an option the
 code leaves unset; else the default.
 
-:meth:`Given.value` is where that happens, and where a wrong value gets its name: the readers and
+:meth:`Given.settle` is where that happens, and where a wrong value gets its name: the readers and
 checks raise :class:`ConfigError` with the value and the fix only, and ``value`` re-raises it after
 the option as the user gave it (the Python option, or ``environment variable GRACEFUL_X``). Every
 value is checked when the options are resolved (at construction, never first at startup).
@@ -30,7 +30,7 @@ from ._errors import ConfigError
 from ._names import PREFIX, variable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
 T = TypeVar("T")
 
@@ -74,22 +74,24 @@ UNSET: Final = Unset.UNSET
 class Kind:
     """How one kind of option is read: ``read`` turns its variable's text into the value, ``check`` takes
     a value given in code. Both raise :class:`ConfigError` with the value as given and the fix, never a
-    name (``Given.value`` adds it); both take the ``context`` the option's rule needs (the budget's
-    reserve, the grace period it must stay under). ``seconds``: for a duration, the rule of ``_durations``
-    it is held to; ``choices``: the values of a choice. Flags take them so."""
+    name (``Given.settle`` adds it). ``after``: the options whose values the rule takes too (the budget's
+    reserve, which must stay under the grace period). ``seconds``: for a duration, the rule of
+    ``_durations`` it is held to; ``choices``: the values of a choice. Flags take them so."""
 
-    __slots__ = ("check", "choices", "read", "seconds")
+    __slots__ = ("after", "check", "choices", "read", "seconds")
 
     def __init__(
         self,
         read: Callable[..., Any],
         check: Callable[..., Any],
         *,
+        after: tuple[str, ...] = (),
         seconds: Callable[..., float] | None = None,
         choices: tuple[str, ...] = (),
     ) -> None:
         self.read = read
         self.check = check
+        self.after = after
         self.seconds = seconds
         self.choices = choices
 
@@ -134,44 +136,69 @@ def declared(*classes: type) -> dict[str, tuple[Any, Env]]:
 class Given:
     """The options as a caller gave them (``UNSET`` where it did not) beside the variables in ``environ``.
 
-    ``value`` is the one place an option's value is taken: given in code, else read from its variable,
-    else the declared default; ``judged`` applies a rule between options. Where either fails, the error
-    names each option as ``name`` says: with its variable when it came from one."""
+    ``settle`` is the one place an option's value is taken: given in code, else read from its variable,
+    else the declared default; ``judged`` applies the rules between options. Where either fails, the
+    error names each option as ``name`` says: with its variable when it came from one."""
 
-    def __init__(self, table: Mapping[str, tuple[Any, Env]], environ: Mapping[str, str], given: Mapping[str, Any]):
+    def __init__(
+        self,
+        table: Mapping[str, tuple[Any, Env]],
+        environ: Mapping[str, str],
+        given: Mapping[str, Any],
+        *,
+        names: Mapping[str, str] | None = None,
+    ) -> None:
         self.table = table
         self.variables = environ
-        self.in_code = frozenset(name for name, value in given.items() if value is not UNSET)
         self.given = given
+        self.names = names or {}
+        self.in_code = frozenset(name for name, value in given.items() if value is not UNSET)
         self.from_variables: set[str] = set()
 
-    def value(self, option: str, *context: Any) -> Any:
-        """``option``'s value, checked by its kind; a wrong one raises :class:`ConfigError` that starts with
-        the option as the user gave it: its name, or ``environment variable GRACEFUL_X``."""
-        default, env = self.table[option]
-        given = self.given.get(option, UNSET)
-        raw = "" if given is not UNSET else self.variables.get(variable(option), "").strip()
+    def settle(self, options: Iterable[str], *, judge: Callable[..., object] | None = None) -> dict[str, Any]:
+        """The values of ``options``, in order, each checked by its kind, then all of them by ``judge`` (the rules
+        between them, given the values by name). A wrong one raises :class:`ConfigError` that starts with the
+        option as the user gave it (its name, or ``environment variable GRACEFUL_X``); ``judge``'s names each
+        option it mentions as ``name`` says."""
+        values: dict[str, Any] = {}
+        for option in options:
+            default, env = self.table[option]
+            given = self.given.get(option, UNSET)
+            raw = "" if given is not UNSET else self.variables.get(variable(option), "").strip()
+            after = [values[name] for name in env.kind.after]
+            try:
+                if given is not UNSET:
+                    values[option] = env.kind.check(given, *after)
+                elif raw:
+                    self.from_variables.add(option)
+                    values[option] = env.kind.read(raw, *after)
+                else:
+                    values[option] = default
+                continue
+            except ConfigError as exc:
+                wrong = exc.named(f"environment variable {variable(option)}" if raw else option, self.name)
+            raise wrong  # outside the except block: the error comes alone, with no other chained above it
         try:
-            if given is not UNSET:
-                return env.kind.check(given, *context)
-            if raw:
-                self.from_variables.add(option)
-                return env.kind.read(raw, *context)
-            return default
+            if judge is not None:
+                judge(**values)
+            return values
         except ConfigError as exc:
-            wrong = exc.named(f"environment variable {variable(option)}" if raw else option, self.name)
-        raise wrong  # outside the except block: the error comes alone, with no other chained above it
+            wrong = exc.named("", self.name)
+        raise wrong
 
-    def judged(self, rule: Callable[..., T], *values: Any) -> T:
-        """``rule(*values)``, a rule between options: its error names each option as ``name`` says."""
+    def judged(self, rule: Callable[..., T], **values: Any) -> T:
+        """``rule(**values)``, a rule between options: its error names each option as ``name`` says."""
         try:
-            return rule(*values)
+            return rule(**values)
         except ConfigError as exc:
             wrong = exc.named("", self.name)
         raise wrong
 
     def name(self, option: str) -> str:
-        """How a message names ``option``: ``reserve``, or ``reserve (GRACEFUL_RESERVE)`` when its variable set it."""
+        """How a message names ``option``: ``reserve``, or ``reserve (GRACEFUL_RESERVE)`` when its variable set it
+        (or as ``names`` says: a drain's own ``timeout`` is "this drain's timeout")."""
+        if option in self.names:
+            return self.names[option]
         return f"{option} ({variable(option)})" if option in self.from_variables else option
 
 
@@ -233,9 +260,9 @@ def is_none(raw: str) -> bool:
     return raw.lower() in _NONE
 
 
-def duration(rule: Callable[..., float] = seconds, *, optional: bool = False) -> Kind:
-    """A duration held to ``rule`` (``_durations``): text or a number of seconds; ``optional``: ``none`` or
-    ``off`` in its variable, None in code, for no value."""
+def duration(rule: Callable[..., float] = seconds, *, optional: bool = False, after: tuple[str, ...] = ()) -> Kind:
+    """A duration held to ``rule`` (``_durations``), which also takes the values of the options ``after``:
+    text or a number of seconds; ``optional``: ``none`` or ``off`` in its variable, None in code, for no value."""
 
     def read(raw: str, *context: Any) -> float | None:
         return None if optional and is_none(raw) else rule(raw, *context)
@@ -243,7 +270,7 @@ def duration(rule: Callable[..., float] = seconds, *, optional: bool = False) ->
     def check(value: Any, *context: Any) -> float | None:
         return None if optional and value is None else rule(value, *context)
 
-    return Kind(read, check, seconds=rule)
+    return Kind(read, check, after=after, seconds=rule)
 
 
 def _read_flag(raw: str) -> bool:

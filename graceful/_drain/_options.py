@@ -42,8 +42,8 @@ class DrainConfig:
         default=True,
         kind=FLAG,
         value="`1`/`0` (also `true`/`false`, `yes`/`no`, `on`/`off`)",
-        meaning="keep admitting until the propagation wait ends; False refuses from the drain's first instant "
-        "(see below)",
+        meaning="keep admitting until the propagation wait ends; off, refuse new requests from the drain's first "
+        "instant (see below)",
         noun="admission mode",
     )
     handoff_streams: bool = option(
@@ -102,7 +102,7 @@ class DrainConfig:
         )
         try:
             budget = Budget.from_given(options)
-            config = cls(budget, **{name: options.value(name) for name in _OWN}, in_code=options.in_code)
+            config = cls(budget, **options.settle(_OWN), in_code=options.in_code)
         except ConfigError as exc:
             raise reported(exc).with_traceback(None) from None
         for problem in budget.problems(admit=config.admit_during_propagation):
@@ -137,30 +137,23 @@ class Overrides:
     ) -> None:
         budget = config.budget
         options = {"propagation_wait": propagation_wait, "propagation_quiet": propagation_quiet, "timeout": timeout}
-        given = Given(_OVERRIDES, {}, not_none(options))
-        wait: float = budget.propagation_wait if propagation_wait is None else given.value("propagation_wait")
-        quiet: float | None = (
-            budget.propagation_quiet if propagation_quiet is None else given.value("propagation_quiet")
-        )
-        own_timeout = given.value("timeout")
-        try:
-            if propagation_quiet is not None and quiet is not None:  # checked against this drain's wait
-                check_quiet(quiet, wait)
-            limit = budget.judge(wait, timeout=own_timeout)
-        except ConfigError as exc:
-            wrong = exc.named("", _this_drain)
-            raise wrong from None
+        given = Given(_OVERRIDES, {}, not_none(options), names={"timeout": "this drain's timeout"})
+        own = given.settle(_OVERRIDES)
+        wait = budget.propagation_wait if propagation_wait is None else own["propagation_wait"]
+        quiet = own["propagation_quiet"]  # this drain's, judged against its wait; else the budget's, judged already
+        self.limit: float = given.judged(_judge, budget=budget, wait=wait, quiet=quiet, timeout=own["timeout"])
         self.wait: float = wait
-        self.quiet: float | None = quiet
-        self.limit: float = limit
+        self.quiet: float | None = budget.propagation_quiet if quiet is None else quiet
 
     def as_tuple(self) -> tuple[float, float | None, float]:
         return self.wait, self.quiet, self.limit
 
 
-def _this_drain(option: str) -> str:
-    """How a drain's overrides name an option: its own ``timeout`` is this drain's, beside the configured one."""
-    return "this drain's timeout" if option == "timeout" else option
+def _judge(*, budget: Budget, wait: float, quiet: float | None, timeout: float | None) -> float:
+    """A drain's own quiet period against its wait, and its wait against the budget shortened by its own timeout."""
+    if quiet is not None:
+        check_quiet(quiet, wait)
+    return budget.judge(wait, timeout=timeout)
 
 
 _BUDGET = BUDGET_DECLARED
