@@ -57,8 +57,8 @@ class Shared:
         Every response the middleware sends or passes on from the drain's start (or the engine's
         failure) carries it: the admitted requests', the refusals and the probes'.
         """
-        drain = self.drain
-        if not self.options.announce_drain or drain.state is SERVING or drain.state is State.STARTING:
+        state = self.core.state
+        if not self.options.announce_drain or state is SERVING or state is State.STARTING:
             return ()
         self.core.record_announcement()
         return ANNOUNCEMENT
