@@ -5,9 +5,9 @@ to its request, and every speed trick of that short-lived process, the package's
 ``_main`` (the click group: ``drain``, ``status``, ``resume``, ``run``, ``advise``, ``soak``),
 ``_drain_client`` (``graceful drain`` once its request is sent: the answers, the lines printed and the
 exit codes), ``_engine`` (``graceful drain --engine``),
-``_run`` (``graceful run``), ``_advise`` (``graceful advise``: the budget from the traffic seen),
-``_soak`` (``graceful soak``) and ``_params`` (what the click commands share: the duration type and
-the usage error).
+``_run`` (``graceful run``), ``_advise`` (``graceful advise``: the budget from the traffic seen) and
+``_evidence`` (where it reads that traffic), ``_soak`` (``graceful soak``) and ``_params`` (what the click
+commands share: the duration type, the flags made from the option fields and the usage error).
 
 May import ``_admin``, ``_drain``, ``_engine``, ``_soak`` and ``_serve``. ``_console``,
 ``_prestop`` and ``_drain_client`` are the hook's path: they import neither click nor the middleware.

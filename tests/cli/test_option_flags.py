@@ -5,12 +5,15 @@ server's, in the same words."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import pytest
 
 from graceful._cli._main import cli
 from graceful._drain._environ import help_text
 from graceful._drain._options import DRAIN_DECLARED
+from tests.utils import ROOT
 
 # The flag of each option where its spelling is not --option-name: the hook's own timeout, which bounds
 # the drain as drain_timeout does (``graceful drain`` and ``graceful advise``).
@@ -77,3 +80,18 @@ def test_the_help_is_the_documentations_meaning_in_plain_words() -> None:
         text = help_text(env)
         assert text[0].isupper() and text.endswith("."), option
         assert "`" not in text and "](" not in text and "(see " not in text, option
+
+
+def test_the_drain_commands_table_says_each_flags_meaning() -> None:
+    """docs/cli.md's table of ``graceful drain``'s options: each flag's meaning is its field's, as --help says
+    it (what the table adds follows it)."""
+    page = (Path(ROOT) / "docs" / "cli.md").read_text()
+    section = page.split("### `graceful drain`", 1)[1].split("\n#", 1)[0]
+    rows = {
+        line.split("`")[1].split()[0]: line.split("|")[3].strip()
+        for line in section.splitlines()
+        if line.startswith("| `--")
+    }
+    for option in TAKES["drain"]:
+        spelled = SPELLED["drain"].get(option, "--" + option.replace("_", "-"))
+        assert rows[spelled].startswith(DRAIN_DECLARED[option][1].meaning.removesuffix(" (see below)")), spelled
