@@ -268,7 +268,7 @@ def render(baseline: dict[str, Any] | None, graceful: dict[str, Any], options: O
         *(
             [
                 f"gateway: {graceful['gateway']} (openai/{MODEL}, graceful_resume: true) resumes the streams; "
-                "clients run no graceful code: raw SSE over httpx, and the Node openai SDK"
+                "clients run no graceful code: raw SSE over httpx, the Node openai SDK, and curl -N on /v1/responses"
             ]
             if graceful["gateway"]
             else []
