@@ -9,13 +9,16 @@ In the proxy's ``config.yaml``::
         litellm_params: {model: hosted_vllm/llama, api_base: http://vllm.serving:8000/v1}
         model_info: {graceful_resume: true}
 
-For a deployment whose ``model_info`` says ``graceful_resume: true``, each streamed chat or
-completion request goes out through ``AsyncResumingTransport`` wrapped around the transport LiteLLM
+For a deployment whose ``model_info`` says ``graceful_resume: true``, each streamed chat, completion
+or Responses request goes out through ``AsyncResumingTransport`` wrapped around the transport LiteLLM
 itself would have built for it (its aiohttp transport over the proxy's shared session, or httpx's
 where LiteLLM is set so): the request is marked ``x-graceful-resumable: 1``, and a stream a replica
 cuts (a drain's handoff or deadline, a crash, an engine that died) is continued on another replica
 before LiteLLM sees anything but one stream. Every other deployment's traffic is left to LiteLLM
-as it is. docs/litellm.md says what it covers and how LiteLLM's timeouts apply.
+as it is. A Responses call that LiteLLM sends to the deployment's own ``/v1/responses`` (its native
+path) is continued as a Responses stream; one it bridges to a chat call (``use_chat_completions_api``)
+comes through here again as that chat call. docs/litellm.md says what it covers and how LiteLLM's
+timeouts apply.
 
 The seam is LiteLLM's ``async_pre_call_deployment_hook``, awaited for every attempt after the router
 has picked a deployment (retries and fallbacks included, each for its own deployment): the hook
