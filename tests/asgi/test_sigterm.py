@@ -334,7 +334,8 @@ def test_second_signal_forces_exit(socket_dir: str) -> None:
         sent = time.monotonic()
         server.process.send_signal(signal.SIGINT)
         server.process.wait(10)
-        assert time.monotonic() - sent <= 1.0, log.text()
+        # At once: tens of ms when quiet. A drain would hold it for the 10 s wait; half that catches it.
+        assert time.monotonic() - sent < 5.0, log.text()
         thread.join(10)
         assert stream.frames and stream.frames[-1] != "data: [DONE]", stream.frames[-3:]
         assert '"type":"server_shutdown"' in stream.frames[-1], stream.frames[-3:]  # the retryable final frame

@@ -38,18 +38,20 @@ def test_drain_with_nothing_in_flight(served: Served) -> None:
 
 
 def test_drain_waits_for_the_stream_and_shows_progress(served: Served) -> None:
+    sent = time.monotonic()  # before the stream's request: its 14 sleeps of 0.1 s all come after this
     thread, outcome = served.stream_in_background(frames=14)
-    started = time.monotonic()
     result = invoke("drain", "--socket-dir", served.socket_dir)
-    elapsed = time.monotonic() - started
+    returned = time.monotonic()
+    in_flight_at_return = served.mw.drain.in_flight
     thread.join(10)
     assert result.exit_code == 0, result.output
     assert isinstance(outcome[0], str) and outcome[0].endswith("done\n")
     assert "draining 1 worker: 1 in flight" in result.stderr
     assert "deadline in" in result.stderr
-    assert served.mw.drain.in_flight == 0
-    # The 1.4 s stream started just before the drain: the drain waited for it; 10x safety bound.
-    assert 1.0 < elapsed < 14.0
+    # The drain waited for the stream: it returned once the stream had ended (the order), so no
+    # sooner than the app's own 1.4 s of sleeps after the request was sent; 14 s only catches a hang.
+    assert in_flight_at_return == 0
+    assert 1.4 - 1e-3 <= returned - sent < 14.0
 
 
 def test_grace_period_bounds_the_drain_and_leftover_is_reported(served: Served) -> None:
