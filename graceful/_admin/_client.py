@@ -12,9 +12,7 @@ import socket as _socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
 
 from ._paths import NoServer, discover
 from ._wire import (
@@ -78,30 +76,48 @@ def request_all(paths: list[str], method: str, url: str) -> dict[str, dict[str, 
     return dict(answers)
 
 
-@dataclass(eq=False)
 class WorkerDrain:
-    """What one worker said during a drain."""
+    """What one worker said during a drain.
 
-    path: str
-    pid: int | None = field(default=None, kw_only=True)
-    in_flight: int = field(default=0, kw_only=True)
-    handed_off: int = field(default=0, kw_only=True)
-    deadline: float | None = field(default=None, kw_only=True)
-    since_last_request: float | None = field(default=None, kw_only=True)
-    progressed: bool = field(default=False, kw_only=True)
-    propagation_over: bool = field(default=False, kw_only=True)
-    result: dict[str, Any] | None = field(default=None, kw_only=True)
-    error: str | None = field(default=None, kw_only=True)
-    reachable: bool = field(default=True, kw_only=True)
-    # When the last progress event came (time.monotonic()): its figures are that much older when read.
-    heard: float | None = field(default=None, init=False)
-    refused: bool = field(default=False, init=False)  # the server answered 400: it judged the drain's options wrong
-    # The work in flight at the drain's start, judged by the durations the server saw
-    # (``Drain.outlook``): in_flight, left, at_risk, expected, seen, older.
-    outlook: dict[str, Any] | None = field(default=None, init=False)
-    # Why the drain under way began, when this request joined it rather than beginning one: its clock,
-    # deadline and options stay, and this request's own were not applied.
-    joined: str | None = field(default=None, init=False)
+    A plain class: ``graceful drain`` reads its answers in a short-lived process, and ``dataclasses`` (with
+    the ``inspect`` it imports) would cost that process about 7 ms.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        pid: int | None = None,
+        in_flight: int = 0,
+        handed_off: int = 0,
+        deadline: float | None = None,
+        since_last_request: float | None = None,
+        progressed: bool = False,
+        propagation_over: bool = False,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+        reachable: bool = True,
+    ) -> None:
+        self.path = path
+        self.pid = pid
+        self.in_flight = in_flight
+        self.handed_off = handed_off
+        self.deadline = deadline
+        self.since_last_request = since_last_request
+        # When the last progress event came (time.monotonic()): its figures are that much older when read.
+        self.heard: float | None = None
+        self.progressed = progressed
+        self.propagation_over = propagation_over
+        self.result = result
+        self.error = error
+        self.reachable = reachable
+        self.refused = False  # the server answered 400: it judged the drain's options wrong
+        # The work in flight at the drain's start, judged by the durations the server saw
+        # (``Drain.outlook``): in_flight, left, at_risk, expected, seen, older.
+        self.outlook: dict[str, Any] | None = None
+        # Why the drain under way began, when this request joined it rather than beginning one: its clock,
+        # deadline and options stay, and this request's own were not applied.
+        self.joined: str | None = None
 
     @property
     def done(self) -> bool:
@@ -123,6 +139,8 @@ def drain_all(
     silence: float = DRAIN_SILENCE,
 ) -> list[WorkerDrain]:
     """Drain every worker: send each the drain, then :func:`follow_drains`."""
+    from urllib.parse import urlencode  # here: ``graceful drain`` sends its own request (``_cli._prestop``)
+
     target = Route.DRAIN + "?" + urlencode(drain_params(reason, propagation_wait, propagation_quiet, timeout))
     opened: list[_socket.socket] = []
     sent: dict[str, _socket.socket | Exception] = {}
