@@ -9,7 +9,8 @@ the server's own ``receive`` takes over.
 
 :class:`Sampler` gives ``expected_run`` its pace: run by the lifespan's sweep every ``SWEEP`` seconds, it
 sends one new request's frames at a time through a ``FrameClock`` (``_http``) for at most ``FRAMES``
-frames, and then samples nothing for ``PAUSE`` times as long as the sample took. So a sampled frame costs
+frames (a new event stream first), and after a stream's sample nothing for ``PAUSE`` times as long as
+it took. So a sampled frame costs
 a clock read, and at most one frame in ``PAUSE + 1`` of a lone stream is sampled (docs/budget.md).
 """
 
@@ -22,6 +23,7 @@ import anyio
 
 from .._drain._admission import FITS, WOULD_NOT_FINISH, Pace, expected_run
 from .._drain._ledger import Ledger
+from .._stream._rules import event_stream
 from ._http import Call, FrameClock, resumable
 from ._shared import Shared
 from ._types import Message, Receive, Scope
@@ -116,21 +118,33 @@ class Sampler:
         clock = self.clock
         if clock is not None and (not clock.call.open or clock.frames >= FRAMES):
             clock.call.untime(clock)
-            self.pace.record(*clock.pace())
+            first, per_frame = clock.pace()
             self.clock = None
-            self.resume_at = now + max(PAUSE * (now - clock.since), 0.0)
+            if per_frame is not None:  # a stream's pace; a plain answer (fewer than three frames) costs no pause
+                self.pace.record(first, per_frame)
+                self.resume_at = now + PAUSE * (now - clock.since)
         if self.clock is None and now >= self.resume_at:
             self.clock = self._start(now)
         self.swept = now
 
     def _start(self, now: float) -> FrameClock | None:
+        """A clock on the newest request admitted since the last sweep whose response is an event stream,
+        else on the newest one whose response has not started (it may be a stream)."""
         table = self.ledger.table
+        waiting: tuple[Call, float] | None = None
         for item in reversed(table):  # the newest first, back to the last sweep
             admitted = table.get(item)
             if admitted is None or admitted < self.swept:
-                return None
-            if isinstance(item, Call):
-                clock = FrameClock(item, admitted, now)
-                if item.time(clock):
-                    return clock
-        return None
+                break
+            if not isinstance(item, Call):
+                continue
+            if not item.started():
+                waiting = waiting or (item, admitted)
+            elif event_stream(item.content_type()):
+                waiting = (item, admitted)
+                break
+        if waiting is None:
+            return None
+        call, admitted = waiting
+        clock = FrameClock(call, admitted, now)
+        return clock if call.time(clock) else None

@@ -9,7 +9,7 @@ elsewhere. Nothing here runs while SERVING: the middleware asks only during a dr
 The expected run, from what this server has seen (docs/budget.md, "Admission during a drain"):
 
 - the body's token limit (``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens``), plus one,
-  times the time per token, plus the time to the first frame, both as ``Pace`` observed them for streams;
+  times the time per token, plus the time to the first frame, as ``Pace`` observed them for streams;
 - without a limit, a pace, or a JSON body: the durations seen of its kind (a stream when the body asks
   for one, plain when it does not, either when it is not JSON) at ``HIGH``;
 - nothing seen yet: no estimate, and the request is admitted, as with ``admission="all"``.
@@ -50,8 +50,9 @@ MODES: tuple[Admission, ...] = (ALL, FITS)
 WOULD_NOT_FINISH = "would_not_finish"
 # The OpenAI-style token limits: Chat Completions (both names) and Completions, and the Responses API.
 LIMIT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
-# The percentile of what was seen that stands for what a request will take: durations, time per token
-# and time to the first token alike. High, so that a request is refused rather than cut.
+# The percentile of what was seen that stands for what a request will take: the durations and the time per
+# token (the time to the first frame is the median of those seen). High, so that a request is refused rather
+# than cut.
 HIGH = 0.95
 # How many streams' pace is kept: the newest, so the figure follows the load.
 SAMPLES = 64
@@ -98,8 +99,9 @@ class Pace:
         return _percentile(self.per_token)
 
     def first_token(self) -> float:
-        """The time to the first token at ``HIGH``, or 0 before any was seen."""
-        return _percentile(self.first) or 0.0
+        """The time to the first frame, the median of those seen (0 before any): it is the queue's and the
+        prefill's of the moment, and the few a replica that has just started sees are its slowest."""
+        return _percentile(self.first, 0.5) or 0.0
 
     def as_dict(self) -> dict[str, object]:
         per_token = self.time_per_token()
@@ -110,11 +112,11 @@ class Pace:
         }
 
 
-def _percentile(values: deque[float]) -> float | None:
+def _percentile(values: deque[float], share: float = HIGH) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[max(0, math.ceil(HIGH * len(ordered)) - 1)]
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
 def token_limit(request: object) -> int | None:

@@ -333,3 +333,60 @@ def test_the_pace_is_the_median_gap_between_frames_not_their_average() -> None:
     streamed = FrameClock(types.SimpleNamespace(last=b"data: 0\n\n"), admitted=-5.0, since=0.0)  # type: ignore[arg-type]
     streamed.times = [0.0, 0.1, 0.2]
     assert streamed.pace()[0] is None  # its first frame went before the clock: no first-token time
+
+
+def held_app(go: anyio.Event, *, stream: bool) -> Any:
+    """A stream that starts at once and sends its frames once ``go`` is set, or a plain answer sent then."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        kind = b"text/event-stream" if stream else b"application/json"
+        if stream:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        await go.wait()
+        if not stream:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        for i in range(4 if stream else 0):
+            await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
+        await send({"type": "http.response.body", "body": b"{}" if not stream else b"", "more_body": False})
+
+    return app
+
+
+async def test_a_new_event_stream_is_sampled_first_and_a_plain_answer_costs_no_pause() -> None:
+    """1. in one sweep's time a stream starts, then a plain request comes: the sweep samples the stream
+    2. a plain request alone is sampled, answers (one frame: no pace) 3. the next sweep samples again."""
+    go = anyio.Event()
+    apps = [held_app(go, stream=True), held_app(go, stream=False)]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await apps[scope["path"] == "/plain"](scope, receive, send)
+
+    mw = GracefulMiddleware(app, registry=CollectorRegistry(), admin=False)
+    mw.drain.mark_serving()
+    ledger = core(mw.drain).ledger
+    sampler = Sampler(ledger, core(mw.drain).tally.pace)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, http_scope("/stream"), Client([]), Recorder(mw.drain))
+        tg.start_soon(mw, http_scope("/plain"), Client([]), Recorder(mw.drain))
+        with anyio.fail_after(5):
+            while mw.drain.in_flight < 2:
+                await anyio.sleep(0)
+        sampler.sweep()
+        assert sampler.clock is not None and sampler.clock.call.scope["path"] == "/stream"
+        go.set()
+    sampler.sweep()
+    assert sampler.clock is None and len(core(mw.drain).tally.pace.per_token) == 1
+    # A plain request, sampled: no pace from it, and no pause after it.
+    go2 = anyio.Event()
+    apps[1] = held_app(go2, stream=False)
+    sampler.resume_at = 0.0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mw, http_scope("/plain"), Client([]), Recorder(mw.drain))
+        with anyio.fail_after(5):
+            while not mw.drain.in_flight:
+                await anyio.sleep(0)
+        sampler.sweep()
+        assert sampler.clock is not None
+        go2.set()
+    sampler.sweep()
+    assert sampler.clock is None and sampler.resume_at == 0.0 and len(core(mw.drain).tally.pace.per_token) == 1

@@ -121,3 +121,12 @@ def test_advise_says_what_each_admission_mode_does_with_the_requests_of_the_wait
     )
     # Refusing during the wait, nothing is admitted then: no such line.
     assert advise(Evidence(seen), budget, admit=False).admitting is None
+
+
+def test_the_first_frame_is_the_median_of_those_seen() -> None:
+    """A replica that has just started answers its first requests slowest: one slow first frame among
+    five does not move the figure, as a 95th percentile of five would (it is their largest)."""
+    pace = Pace()
+    for first in (0.1, 0.12, 2.0, 0.11, 0.13):
+        pace.record(first, 0.1)
+    assert pace.first_token() == pytest.approx(0.12)
