@@ -268,9 +268,10 @@ async def test_the_sampler_times_one_new_stream_for_a_few_frames_then_pauses() -
             while not mw.drain.in_flight:
                 await anyio.sleep(0)
         sampler.sweep()
-        assert sampler.clock is not None
+        clock = sampler.clock
+        assert clock is not None
         go.set()
-    assert len(sent) == FRAMES + 8 and sampler.clock.frames == FRAMES + 8
+    assert len(sent) == FRAMES + 8 and clock.frames == FRAMES + 8
     sampler.sweep()
     assert sampler.clock is None and len(pace.per_token) == 1 and len(pace.first) == 1
     assert pace.time_per_token() is not None and pace.first_token() >= 0
