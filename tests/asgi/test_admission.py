@@ -271,7 +271,7 @@ async def test_the_sampler_times_one_new_stream_for_a_few_frames_then_pauses() -
         clock = sampler.clock
         assert clock is not None
         go.set()
-    assert len(sent) == FRAMES + 8 and clock.frames == FRAMES + 8
+    assert clock is not None and len(sent) == FRAMES + 8 and clock.frames == FRAMES + 8
     sampler.sweep()
     assert sampler.clock is None and len(pace.per_token) == 1 and len(pace.first) == 1
     assert pace.time_per_token() is not None and pace.first_token() >= 0
