@@ -1,7 +1,8 @@
 """The ASGI middleware: admission, probes, per-request accounting, lifespan and SIGTERM.
 
 ``_middleware`` (``GracefulMiddleware`` and its admission), ``_options`` (its own options, declared
-once), ``_http`` (one admitted request), ``_refusal`` (the answer to work it refuses), ``_answers``
+once), ``_http`` (one admitted request), ``_admission`` (a request judged by its body during a drain with
+``admission="fits"``, and the streams' pace sampled), ``_refusal`` (the answer to work it refuses), ``_answers``
 (the small JSON answers of the probes, the refusals and the deadline), ``_websocket``, ``_lifespan``
 and ``_lifecycle`` (lifespan, and the rule without one), ``_signals`` (SIGTERM taken from the
 server, then handed on) and ``_stop`` (what a stop signal means), ``_shared`` (what the middleware

@@ -12,6 +12,7 @@
 - ``_durations``: durations and the budget's arithmetic and rule, light enough for the preStop hook.
 - ``_observed``: the request-duration histograms, counted off the hot path.
 - ``_advice``: ``graceful advise``'s arithmetic: the budget judged by the durations seen.
+- ``_admission``: the ``admission`` option's modes and the estimate ``admission="fits"`` judges by.
 - ``_status``: the states, outcomes, counters and frozen results.
 - ``_errors``: ``ConfigError``.
 
