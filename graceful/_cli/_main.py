@@ -111,7 +111,7 @@ def drain_command(ctx: click.Context, /, **options: Any) -> None:
         if options["propagation_quiet"] is not None:
             fail(ctx, "--propagation-quiet needs a graceful server to see the requests; drop it with --engine")
         # Engine mode reads the hook's environment itself (kthena's names bring their 70% rule): raw options.
-        from ._engine import run_engine_drain
+        from ._engine_drain import run_engine_drain
 
         budget = {name: options[name] for name in ("timeout", "grace_period", "quiet", "json_output")}
         ctx.exit(run_engine_drain(**engine, **budget, propagation_wait=options["propagation_wait"]))

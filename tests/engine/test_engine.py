@@ -27,7 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from graceful import ConfigError
-from graceful._cli._engine import run_engine_drain
+from graceful._cli._engine_drain import run_engine_drain
 from graceful._engine._page import PageError
 from graceful._engine._wait import REFUSED_READS
 from graceful.engine import PRESETS, EngineConfig, EngineProgress, effective_wait, read_metrics, wait_idle
