@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from socket import socket
 from typing import Any
 
 from .._admin._client import WorkerDrain, follow_drains
@@ -25,8 +26,8 @@ EXIT_OK, EXIT_LEFTOVER, EXIT_USAGE, EXIT_NO_SERVER = 0, 1, 2, 3
 
 
 def follow(
-    sent: dict[str, Any],
-    opened: list[Any],
+    sent: dict[str, socket | Exception],
+    opened: list[socket],
     window: tuple[float | None, float | None],
     started: float,
     asked: list[str],

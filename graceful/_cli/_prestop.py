@@ -31,7 +31,11 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from socket import socket as Socket
     from typing import Any, NoReturn
+
+# ``import graceful`` imports this module (``lazy_exports``): what the drain uses from the package is
+# imported in the functions that use it, not here.
 
 __all__ = [
     "BOTH_SOCKETS",
@@ -227,8 +231,8 @@ def run_drain(
     # The request, to every worker at once, before anything else is imported: each worker goes unready
     # as it reads it. A socket that cannot be reached, or takes no request, is the answer's reader's to tell.
     target = Route.DRAIN + "?" + _query(drain_params("cli", propagation_wait, propagation_quiet, timeout))
-    opened: list[Any] = []
-    sent: dict[str, Any] = {}
+    opened: list[Socket] = []
+    sent: dict[str, Socket | Exception] = {}
     for path in paths:
         try:
             sent[path] = send(path, METHODS[Route.DRAIN], target, DRAIN_SILENCE, opened)
