@@ -43,6 +43,10 @@ def resumable(scope: Scope) -> bool:
 _LAST_OF_EXTENSIONS = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
 
 
+# The frames at a stream's end that may carry no token: the finish chunk, the usage chunk and [DONE].
+TAIL = 3
+
+
 async def _drop(message: Message) -> None:
     """Stands in for the server's send once the deadline has ended a response."""
 
@@ -72,14 +76,14 @@ class FrameClock:
 
     def pace(self) -> tuple[float | None, float | None]:
         """The time from admission to the first frame (None when one had gone before the sampling) and the
-        time per frame: the median gap between two frames, which the frames that come in a burst (an
-        OpenAI stream's role chunk, its finish and usage chunks, ``[DONE]``) do not shorten as they would
-        an average. Neither for fewer than three frames: not a stream."""
-        times = self.times
+        time per frame: the frames' span over their gaps. A stream that ended while timed leaves out its
+        last ``TAIL`` frames, which come in a burst and may carry no token (an OpenAI stream's finish and
+        usage chunks, ``[DONE]``); a burst mid-stream (a loop that was late catching up) is counted, as the
+        span takes it in. Neither for fewer than three frames: not a stream."""
+        times = self.times if self.call.open else self.times[:-TAIL]
         if len(times) < 3:
             return None, None
-        gaps = sorted(b - a for a, b in zip(times, times[1:]))
-        per_frame = gaps[len(gaps) // 2]
+        per_frame = (times[-1] - times[0]) / (len(times) - 1)
         return (None if self.streamed else times[0] - self.admitted), per_frame
 
 

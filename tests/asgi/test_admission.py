@@ -321,17 +321,21 @@ async def test_the_sampler_lets_a_stream_go_once_it_has_enough_frames() -> None:
         done.set()
 
 
-def test_the_pace_is_the_median_gap_between_frames_not_their_average() -> None:
-    """An OpenAI stream of ten tokens a tenth of a second apart ends with its finish chunk, a usage chunk and
-    [DONE] at once: the average gap (0.083 s) would make its tokens look faster than they came."""
-    call = types.SimpleNamespace(last=None)
-    clock = FrameClock(call, admitted=-0.4, since=0.0)  # type: ignore[arg-type]
-    clock.times = [0.1 * i for i in range(11)] + [1.0001, 1.0002, 1.0003]
-    first, per_frame = clock.pace()
+def test_the_pace_is_the_span_over_the_frames_without_a_finished_streams_last_three() -> None:
+    """1. an OpenAI stream of ten tokens a tenth of a second apart ends with its finish chunk, a usage chunk
+    and [DONE] at once: counted, they would make its tokens look faster (0.077 s) 2. a loop that was late
+    sends the tokens it owes in a burst mid-stream: the span still says 0.1 s, where the median gap would
+    say none."""
+    ended = FrameClock(types.SimpleNamespace(last=None, open=False), admitted=-0.4, since=0.0)  # type: ignore[arg-type]
+    ended.times = [0.1 * i for i in range(11)] + [1.0001, 1.0002, 1.0003]
+    first, per_frame = ended.pace()
     assert first == pytest.approx(0.4) and per_frame == pytest.approx(0.1)
-    clock.times = [0.0, 0.1]
-    assert clock.pace() == (None, None)  # two frames: not a stream
-    streamed = FrameClock(types.SimpleNamespace(last=b"data: 0\n\n"), admitted=-5.0, since=0.0)  # type: ignore[arg-type]
+    late = FrameClock(types.SimpleNamespace(last=None, open=True), admitted=0.0, since=0.0)  # type: ignore[arg-type]
+    late.times = [0.0, 0.1, 0.2, *(1.0 + 0.0001 * i for i in range(8))]
+    assert late.pace()[1] == pytest.approx(0.1, abs=0.001)
+    late.times = [0.0, 0.1]
+    assert late.pace() == (None, None)  # two frames: not a stream
+    streamed = FrameClock(types.SimpleNamespace(last=b"data: 0\n\n", open=True), admitted=-5.0, since=0.0)  # type: ignore[arg-type]
     streamed.times = [0.0, 0.1, 0.2]
     assert streamed.pace()[0] is None  # its first frame went before the clock: no first-token time
 
@@ -346,7 +350,7 @@ def held_app(go: anyio.Event, *, stream: bool) -> Any:
         await go.wait()
         if not stream:
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
-        for i in range(4 if stream else 0):
+        for i in range(8 if stream else 0):
             await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
         await send({"type": "http.response.body", "body": b"{}" if not stream else b"", "more_body": False})
 
