@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,23 @@ import pytest
 
 from examples.rollout.balancer import HAProxy, open_balancer
 from examples.rollout.haproxy import find_haproxy
-from tests.litellm.proxy import Answer, Caller, LiteLLMProxy, deployment, needs_litellm, request_body, write_config
-from tests.vllm.conftest import VllmServer, long_lived, serving
+from tests.litellm.proxy import (
+    Answer,
+    Caller,
+    LiteLLMProxy,
+    ResponsesAnswer,
+    deployment,
+    needs_litellm,
+    node_available,
+    parse_responses,
+    request_body,
+    write_config,
+)
+from tests.vllm.conftest import VllmServer, serving
 from tests.vllm.test_vllm import (
     RECIPE,
     engine_core,
     graceful_cli,
-    status_of,
     token_stream,
     tokens_for,
     wait_for,
@@ -88,24 +98,6 @@ def reference(shared_replica: VllmServer) -> Reference:
     [usage] = [event["usage"] for event in events if isinstance(event, dict) and event.get("usage")]
     assert len(ids) == tokens == usage["completion_tokens"]
     return Reference(tokens, ids, text, usage)
-
-
-@pytest.fixture(scope="module")
-def handoff_replica(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """Replica A of the handoff tests: the recipe's environment and GRACEFUL_HANDOFF_STREAMS=1."""
-    log = tmp_path_factory.mktemp("vllm-a") / "log"
-    with long_lived(model_dir, (), log, {**RECIPE, "GRACEFUL_HANDOFF_STREAMS": "1"}) as server:
-        yield server
-
-
-@pytest.fixture
-def handing_off(handoff_replica: VllmServer) -> VllmServer:
-    """Replica A serving: the drain of a test before is resumed first."""
-    if status_of(handoff_replica, "/ready").status_code != 200:
-        resumed = graceful_cli("resume", "--socket-dir", handoff_replica.socket_dir)
-        assert resumed.returncode == 0, resumed.stderr
-    wait_for(lambda: status_of(handoff_replica, "/ready").status_code == 200, 10, "replica A serving again")
-    return handoff_replica
 
 
 @contextlib.asynccontextmanager
@@ -245,3 +237,162 @@ async def test_a_stream_handed_off_at_the_drain_reaches_the_caller_whole_through
     assert reading, "the drain waited for the stream to end"
     assert sent[replica.port] >= 1, sent  # the continuation went to B
     check(answer, reference, proxy)
+
+
+# -- the native Responses path: LiteLLM sends /v1/responses to vLLM's own ------------------------------------
+
+# Greedy, every token asked for. LiteLLM passes a Responses request's extra_body to the deployment (it drops
+# vLLM's own ignore_eos given at the top level).
+RESPONSES_EXTRA = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def responses_reference(shared_replica: VllmServer) -> ResponsesAnswer:
+    """The Responses callers' request, sent to B alone with curl -N, uncut; sized as ``reference`` is."""
+    replica = serving(shared_replica)
+    tokens = max(tokens_for(replica, 12) for _ in range(2))
+    body = request_body(replica.model, tokens, {"temperature": 0, "ignore_eos": True}, api="responses")
+    with httpx.Client(timeout=180) as plain, plain.stream("POST", replica.url("/v1/responses"), json=body) as answer:
+        assert answer.status_code == 200
+        uncut = parse_responses([line for line in answer.iter_lines() if line.strip()])
+    assert uncut.error is None and uncut.final is not None and uncut.final["usage"]["output_tokens"] == tokens
+    return uncut
+
+
+class ResponsesCallers:
+    """curl -N and, where node is installed, the Node SDK's responses.create({stream: true}) and
+    responses.stream(), each streaming the reference's request through the proxy's /v1/responses."""
+
+    def __init__(self, proxy: LiteLLMProxy, tokens: int) -> None:
+        kinds = ["curl", "node-create", "node-stream"] if node_available() else ["curl"]
+        self.callers = [
+            Caller(kind, proxy.base, MODEL, tokens, extra=RESPONSES_EXTRA, api="responses") for kind in kinds
+        ]
+
+    async def reading(self) -> None:
+        """Until every caller has read text: the cut must come after some."""
+        for caller in self.callers:
+            assert await anyio.to_thread.run_sync(caller.reading.wait, 60), f"{caller.kind} read nothing"
+            with anyio.fail_after(60):
+                while not caller.text_so_far():
+                    await anyio.sleep(0.05)
+
+    def heads(self) -> dict[str, str]:
+        """What each caller has read so far: the cut comes after it."""
+        return {caller.kind: caller.text_so_far() for caller in self.callers}
+
+    def running(self) -> bool:
+        return all(caller.process.poll() is None for caller in self.callers)
+
+    async def answers(self) -> dict[str, ResponsesAnswer]:
+        return {caller.kind: await anyio.to_thread.run_sync(caller.responses_answer) for caller in self.callers}
+
+    def stop(self) -> None:
+        for caller in self.callers:
+            if caller.process.poll() is None:
+                caller.process.kill()
+                caller.process.wait(10)
+
+
+def check_responses(answers: dict[str, ResponsesAnswer], heads: dict[str, str], uncut: ResponsesAnswer) -> None:
+    """Each caller read one response: one id, one run of sequence numbers from 0, response.completed with the
+    deltas' text and every output token asked for, and the reference's text up to the cut (docs/resume.md,
+    "The Responses API": exact to the cut, not always after). Its input tokens are the continuation's less
+    those carried, as counted there: vLLM's template and the text carried, tokenized again, make them differ
+    from the uncut run's."""
+    assert uncut.final is not None
+    wrong = [
+        f"{kind}: {problem}" for kind, answer in answers.items() for problem in _problems(answer, heads[kind], uncut)
+    ]
+    assert not wrong, wrong
+
+
+def _problems(answer: ResponsesAnswer, head: str, uncut: ResponsesAnswer) -> list[str]:
+    """What is wrong with one caller's answer (check_responses's rules)."""
+    assert uncut.final is not None
+    if answer.error is not None or answer.final is None:
+        return [f"no response: {answer.error}"]
+    problems = []
+    if len(answer.ids) != 1 or answer.sequence != list(range(len(answer.sequence))):
+        problems.append(f"ids {answer.ids}, sequence numbers {answer.sequence[:6]}...")
+    if answer.final["event"] != "response.completed" or answer.final["text"] != answer.text:
+        problems.append(f"{answer.final['event']}'s text is not the deltas'")
+    if answer.final["usage"]["output_tokens"] != uncut.final["usage"]["output_tokens"]:
+        problems.append(f"usage {answer.final['usage']}")
+    if not (head and answer.text.startswith(head) and uncut.text.startswith(head)):
+        problems.append(f"not the reference's text up to the cut (read before it: {head[-40:]!r})")
+    return problems
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_responses_stream_handed_off_at_the_drain_reaches_the_caller_as_one_response_through_litellm(
+    replica: VllmServer,
+    responses_reference: ResponsesAnswer,
+    handing_off: VllmServer,
+    tmp_path: Path,
+    provider: str,
+) -> None:
+    """1. replica B (the shared one) answered the Responses request alone: the reference
+    2. replica A (GRACEFUL_HANDOFF_STREAMS=1) alone behind HAProxy; curl -N and the Node SDK's create and
+       stream send it through LiteLLM's opted-in ``<provider>/<model>`` deployment, whose native path sends
+       it to A's own /v1/responses
+    3. B joins; A is drained (graceful drain --propagation-wait 0): it hands every stream off with the
+       Responses final event, and the drain ends while the callers still read
+    4. inside LiteLLM the transport continues each on B: every caller reads one response, the reference's
+       text up to the cut, with the whole usage"""
+    a = handing_off
+    assert responses_reference.final is not None
+    tokens = responses_reference.final["usage"]["output_tokens"]
+    async with gateway(tmp_path, provider, a) as (balancer, proxy):
+        callers = ResponsesCallers(proxy, tokens)
+        try:
+            await callers.reading()
+            await balancer.add("B", replica.port)
+            heads = callers.heads()
+            hook = await anyio.to_thread.run_sync(
+                lambda: graceful_cli(
+                    "drain", "--socket-dir", a.socket_dir, "--propagation-wait", "0", "--grace-period", "60"
+                )
+            )
+            reading = callers.running()
+            answers = await callers.answers()
+        finally:
+            callers.stop()
+        sent = await sessions(balancer)
+    assert hook.returncode == 0, (hook.stdout, hook.stderr)
+    assert f"; {len(answers)} stream" in hook.stderr and "handed off" in hook.stderr, hook.stderr
+    assert reading, "the drain waited for the streams to end"
+    assert sent[replica.port] >= 1, sent  # the continuations went to B
+    check_responses(answers, heads, responses_reference)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_responses_stream_whose_engine_died_reaches_the_caller_as_one_response_through_litellm(
+    replica: VllmServer,
+    responses_reference: ResponsesAnswer,
+    start_vllm: Callable[..., VllmServer],
+    tmp_path: Path,
+    provider: str,
+) -> None:
+    """1. the reference on B  2. the callers stream through LiteLLM's ``<provider>/`` deployment (native
+    Responses) to replica A alone  3. B joins; A's engine core is SIGKILLed mid-stream: graceful ends each
+    stream with its final event  4. A stays listed 1 s more, then HAProxy drops it  5. inside LiteLLM the
+    transport continues each on B: one response each, the reference's text up to the cut"""
+    assert responses_reference.final is not None
+    tokens = responses_reference.final["usage"]["output_tokens"]
+    a = start_vllm(**RECIPE)
+    async with gateway(tmp_path, provider, a) as (balancer, proxy):
+        callers = ResponsesCallers(proxy, tokens)
+        try:
+            await callers.reading()
+            await balancer.add("B", replica.port)
+            heads = callers.heads()
+            os.kill(engine_core(a), signal.SIGKILL)
+            await anyio.sleep(1.0)
+            await balancer.remove("A")
+            answers = await callers.answers()
+        finally:
+            callers.stop()
+        sent = await sessions(balancer)
+    assert sent[replica.port] >= 1, sent
+    check_responses(answers, heads, responses_reference)
