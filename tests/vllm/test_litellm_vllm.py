@@ -12,6 +12,11 @@ way; what the caller read is compared with the same request sent straight to rep
 LiteLLM 1.110.2 keeps vLLM's per-choice ``token_ids`` when it re-chunks the stream, for both providers
 (it drops them only where a guardrail or post-call rule could rewrite the text, and none is set here),
 so the caller's token ids are compared exactly, as well as its text. Every wait is bounded.
+
+The Responses tests send ``/v1/responses`` through the same deployments, which LiteLLM sends to vLLM's own
+``/v1/responses`` (its native path); their callers are ``curl -N`` and the Node SDK's
+``responses.create({stream: true})`` and ``responses.stream()``. vLLM streams no token ids there: a
+continuation carries text, so each answer is the uncut one up to the cut (docs/resume.md, "The Responses API").
 """
 
 from __future__ import annotations
