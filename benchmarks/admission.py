@@ -3,9 +3,10 @@
 The middleware in its propagation wait, an OpenAI-style POST with a 200-byte JSON body: per request,
 the instructions of a request admitted SERVING, admitted during the wait with ``admission="all"``, and
 admitted during the wait with ``admission="fits"`` (its body read, parsed and judged by the pace seen,
-then replayed to the app, which reads it). Each variant runs in its own process under callgrind, with 0
-and with N requests (``benchmarks._callgrind``); SERVING's row is the one ``benchmarks.instructions``
-measures, with this body.
+then replayed to the app, which reads it). And per frame, SERVING with the pace sampler's clock
+(``_http.FrameClock``) on every message: the cost of a timed frame. Each variant runs in its own
+process under callgrind, with 0 and with N requests (``benchmarks._callgrind``); SERVING's row is the
+one ``benchmarks.instructions`` measures, with this body.
 
     python -m benchmarks.admission            # needs valgrind (Debian package)
 
@@ -17,7 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import types
 
+from graceful._asgi._http import FrameClock
 from graceful._asgi._types import Message, Receive, Scope, Send
 from graceful._drain._admission import Admission
 
@@ -26,9 +29,10 @@ from ._common import machine, table
 from ._drive import SCOPE, make_app, sink
 
 SERVING = "serving"
+TIMED = "serving, every frame timed"
 DRAINING_ALL = "draining, admission all"
 DRAINING_FITS = "draining, admission fits"
-VARIANTS = (SERVING, DRAINING_ALL, DRAINING_FITS)
+VARIANTS = (SERVING, TIMED, DRAINING_ALL, DRAINING_FITS)
 BODY = json.dumps(
     {
         "model": "default",
@@ -63,10 +67,16 @@ def child(variant: str, frames: int, n: int) -> None:
     if variant != SERVING:
         mw.drain.begin_drain("benchmark", propagation_wait=2000)  # every request arrives in the wait
     scope = {**SCOPE, "headers": HEADERS}
+    send: Send = sink
+    if variant == TIMED:
+        # The pace sampler's clock on every message (it is on one stream at a time, for 32 frames at most).
+        clock = FrameClock(types.SimpleNamespace(last=None), 0.0, 0.0)  # type: ignore[arg-type]
+        clock.send = sink
+        send = clock
 
     async def run() -> None:
         for _ in range(n):
-            await mw(scope, receive, sink)
+            await mw(scope, receive, send)
 
     asyncio.run(run())
     # Every request was admitted and answered: the fits variant judged each one and let it through.
