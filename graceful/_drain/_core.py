@@ -195,8 +195,11 @@ class Core:
         """
         if self.state is STOPPED:
             return False
-        if self.state is DRAINING or self._draining_failed():
-            self._follow_up()
+        run = self._run
+        if run is not None and (self.state is DRAINING or self._draining_failed()):
+            result = run.result
+            if result is not None and result.drained and self.in_flight and time.monotonic() < run.deadline:
+                self._start(run.follow())
             return False
         self._start(DrainRun(self, reason, wait=overrides.wait, quiet=overrides.quiet, limit=overrides.limit))
         if self.state is FAILED:
@@ -213,13 +216,6 @@ class Core:
             self._pinned.update(self._open_peers())
         self.transition(DRAINING, reason)
         return True
-
-    def _follow_up(self) -> None:
-        run = self._run
-        result = None if run is None else run.result
-        if run is not None and result is not None and result.drained and self.in_flight:
-            if time.monotonic() < run.deadline:
-                self._start(run.follow())
 
     async def join(self) -> DrainResult:
         """Wait for the drain begun and return its result: the first caller leads its run, later callers

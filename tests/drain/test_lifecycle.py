@@ -108,6 +108,17 @@ def test_a_resume_forgets_the_pinned_connections() -> None:
     assert c.admit_pinned(PEER) is False
 
 
+@pytest.mark.parametrize("end", ["mark_failed", "mark_stopped"])
+def test_a_pinned_connection_is_refused_once_failed_or_stopped(end: str) -> None:
+    """A connection pinned at the drain's start gets nothing more served once the engine has died, or
+    the server has stopped."""
+    drain = serving()
+    core(drain).set_launcher("a test", lambda: {PEER})
+    drain.begin_drain(propagation_wait=0)
+    getattr(drain, end)("why")
+    assert core(drain).admit_pinned(PEER) is False
+
+
 def test_pinning_needs_a_drain() -> None:
     """Outside DRAINING nothing is admitted as pinned: before any drain, and once resumed."""
     drain = serving()
@@ -129,7 +140,7 @@ def test_restart_only_from_stopped() -> None:
     assert drain.state is State.SERVING
     drain.begin_drain()
     assert c.restart() is False
-    assert drain.state is State.DRAINING
+    assert drain.status().state is State.DRAINING
 
 
 def test_a_new_lifecycle_forgets_the_connections_pinned_in_the_last(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,0 +1,77 @@
+"""A new request during a drain's propagation phase, as the admin server waits for it
+(``Core.until_arrival``): it sends a progress line at each one, so that the preStop hook's lines about
+the last new request are never a second late."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from graceful._drain._core import Core
+from graceful._drain._state import core
+from tests.drain.test_drain_run import serving
+
+pytestmark = pytest.mark.anyio
+
+
+async def waited(drain_core: Core, done: anyio.Event, returned: anyio.Event) -> None:
+    await drain_core.until_arrival(done)
+    returned.set()
+
+
+async def test_a_new_request_of_the_propagation_phase_ends_the_wait() -> None:
+    """1. A drain's propagation phase runs; the wait begins. 2. Nothing arrives: it goes on.
+    3. A new request arrives: it returns, with ``done`` not set."""
+    drain = serving()
+    drain.begin_drain(propagation_wait=10, timeout=20)
+    c = core(drain)
+    done, returned = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waited, c, done, returned)
+        with anyio.fail_after(2):
+            await anyio.wait_all_tasks_blocked()
+        assert not returned.is_set()
+        assert c.admit_arrival() is True
+        with anyio.fail_after(2):
+            await returned.wait()
+    assert not done.is_set()
+
+
+async def test_done_ends_the_wait() -> None:
+    drain = serving()
+    drain.begin_drain(propagation_wait=10, timeout=20)
+    done, returned = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waited, core(drain), done, returned)
+        with anyio.fail_after(2):
+            await anyio.wait_all_tasks_blocked()
+        done.set()
+        with anyio.fail_after(2):
+            await returned.wait()
+
+
+@pytest.mark.parametrize("when", ["before any drain", "after a drain"])
+async def test_outside_a_drain_only_done_ends_the_wait(when: str) -> None:
+    """While SERVING no request is a drain's new one: the wait lasts until ``done``, even with the last
+    drain's run at hand."""
+    drain = serving()
+    if when == "after a drain":
+        drain.begin_drain(propagation_wait=10, timeout=20)
+        drain.resume()
+    c = core(drain)
+    done, returned = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waited, c, done, returned)
+        with anyio.fail_after(2):
+            await anyio.wait_all_tasks_blocked()
+        assert c.admit_arrival() is True  # served: SERVING
+        if when == "after a drain":
+            run = c.run
+            assert run is not None
+            run.next_arrival().set()  # the old run's arrival event: not what this wait listens to
+        with anyio.fail_after(2):
+            await anyio.wait_all_tasks_blocked()
+        assert not returned.is_set()
+        done.set()
+        with anyio.fail_after(2):
+            await returned.wait()
