@@ -43,8 +43,8 @@ def request(model: str, prompt: str = PROMPT, tokens: int = TOKENS) -> dict[str,
 
 
 def uncut(server: VllmServer, prompt: str = PROMPT, tokens: int = TOKENS) -> str:
-    sdk = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0)
-    response = sdk.responses.create(**request(server.model, prompt, tokens))
+    with openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0) as sdk:
+        response = sdk.responses.create(**request(server.model, prompt, tokens))
     assert response.status == "incomplete" and response.usage is not None
     assert response.usage.output_tokens == tokens
     return response.output_text
@@ -137,15 +137,14 @@ def drain_and_resume(server: VllmServer) -> None:
 @pytest.mark.parametrize("how", ["create", "stream"])
 def test_a_responses_stream_handed_off_is_read_as_one_response(
     replica: VllmServer,
-    start_vllm: Callable[..., VllmServer],
+    handing_off: VllmServer,
     how: str,
 ) -> None:
     """1. replica B answers alone, uncut: the reference text  2. the same request starts on replica A
-    (handoff on) through the resuming transport  3. A is drained: the stream is handed off with the
-    Responses final event  4. the transport continues it on B  5. the caller reads one response whose text
-    is the reference's"""
-    first = start_vllm(**RECIPE, GRACEFUL_HANDOFF_STREAMS="1")
-    first.wait_ready()
+    (the shared one with handoff on) through the resuming transport  3. A is drained: the stream is handed
+    off with the Responses final event  4. the transport continues it on B  5. the caller reads one response
+    whose text is the reference's"""
+    first = handing_off
     tokens = tokens_for(replica, 10)  # still running when the hook's drain lands, on an idle machine too
     reference = uncut(replica, tokens=tokens)
     router = Router(first, replica)
@@ -198,7 +197,7 @@ def test_without_the_transport_a_responses_stream_cut_at_the_deadline_makes_the_
 
     thread = threading.Thread(target=drain, daemon=True)
     thread.start()
-    with pytest.raises(openai.APIError) as caught:
+    with sdk, pytest.raises(openai.APIError) as caught:
         for event in sdk.responses.create(stream=True, **request(server.model, tokens=12000)):
             seen.append(event.type)
             started.set()
@@ -214,14 +213,13 @@ def test_without_the_transport_a_responses_stream_cut_at_the_deadline_makes_the_
 )
 def test_how_often_a_continued_responses_answer_equals_the_uncut_one(
     replica: VllmServer,
-    start_vllm: Callable[..., VllmServer],
+    handing_off: VllmServer,
 ) -> None:
     """For each of 5 prompts: the uncut answer on B, then the same request cut on A by a handoff after a
     different number of deltas and continued on B. Each must read as one response that is the uncut one up
     to the cut; prints how many are equal to it whole and how far each agrees past the cut (the figure in
     docs/resume.md)."""
-    first = start_vllm(**RECIPE, GRACEFUL_HANDOFF_STREAMS="1")
-    first.wait_ready()
+    first = handing_off
     equal = 0
     agreed: list[str] = []
     for index, prompt in enumerate(PROMPTS):

@@ -297,16 +297,16 @@ def test_a_stream_the_engine_aborts_ends_marked(replica: VllmServer, kind: str) 
     last = stream.events[-1]
     assert isinstance(last, dict) and last["error"]["type"] == "server_shutdown" and last["error"]["retryable"]
 
-    client = openai.OpenAI(base_url=replica.url("/v1"), api_key="unused", max_retries=0)
     sdk_id = "abort-" + os.urandom(4).hex()
-    chunks = client.chat.completions.create(
-        model=replica.model, messages=[{"role": "user", "content": PROMPT}], stream=True, max_tokens=8000,
-        temperature=0, extra_body={"ignore_eos": True, "request_id": sdk_id},
-    )  # fmt: skip
-    with pytest.raises(openai.APIError, match="shutting down"):
-        for index, _ in enumerate(chunks):
-            if index == 5:
-                abort(replica, "chatcmpl-" + sdk_id)
+    with openai.OpenAI(base_url=replica.url("/v1"), api_key="unused", max_retries=0) as client:
+        chunks = client.chat.completions.create(
+            model=replica.model, messages=[{"role": "user", "content": PROMPT}], stream=True, max_tokens=8000,
+            temperature=0, extra_body={"ignore_eos": True, "request_id": sdk_id},
+        )  # fmt: skip
+        with pytest.raises(openai.APIError, match="shutting down"):
+            for index, _ in enumerate(chunks):
+                if index == 5:
+                    abort(replica, "chatcmpl-" + sdk_id)
 
 
 class Router(httpx.BaseTransport):
