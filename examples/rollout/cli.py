@@ -108,8 +108,8 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     type=click.Choice(["all", "fits"]),
     default=None,
     help=(
-        "Graceful side: graceful run --admission [default all]. In short-grace the first column is "
-        "admission all and the second admission fits, unless this is given."
+        "Graceful side: graceful run --admission [default: graceful's, fits]. In short-grace the first "
+        "column is admission all and the second admission fits, unless this is given."
     ),
 )
 @click.option(
@@ -252,7 +252,7 @@ async def _run(
     log(
         f"graceful: {inside} + preStop graceful drain"
         + (", streams handed off" if options.handoff_streams else "")
-        + (f", admission {options.admission}" if options.admission != "all" else "")
+        + (f", admission {options.admission}" if options.admission is not None else "")
     )
     graceful = await run_side(
         "graceful", options, log_dir=log_dir, log=log, records_path=records_file(records, "graceful")

@@ -51,7 +51,7 @@ class ReplicaSettings:
     ignore_term: bool = False
     handoff_streams: bool = False
     announce_drain: bool = True  # graceful's responses carry x-envoy-immediate-health-check-fail from its drain's start
-    admission: str = "all"  # the graceful side's admission option (GRACEFUL_ADMISSION): all, or fits
+    admission: str | None = None  # the graceful side's admission option (GRACEFUL_ADMISSION); None: graceful's default
     log_dir: str = field(default_factory=tempfile.gettempdir)
     vllm: VllmSetup | None = None  # --vllm: replicas are vllm serve processes
 
@@ -86,7 +86,8 @@ class ReplicaSettings:
         if self.handoff_streams:
             env["GRACEFUL_HANDOFF_STREAMS"] = "1"  # graceful run --handoff-streams, for the already wrapped app
         env["GRACEFUL_ANNOUNCE_DRAIN"] = "1" if self.announce_drain else "0"
-        env["GRACEFUL_ADMISSION"] = self.admission
+        if self.admission is not None:
+            env["GRACEFUL_ADMISSION"] = self.admission
         if self.kind != "graceful":
             # The example app carries the middleware, which under plain uvicorn would take SIGTERM
             # over and drain (drain_on_sigterm, on by default). The baseline is a server without
@@ -107,8 +108,9 @@ class ReplicaSettings:
                 # The kubelet's and Prometheus' reads of vLLM's own pages are never refused.
                 GRACEFUL_EXEMPT_PATHS="/health,/metrics",
                 GRACEFUL_ANNOUNCE_DRAIN="1" if self.announce_drain else "0",
-                GRACEFUL_ADMISSION=self.admission,
             )
+            if self.admission is not None:
+                env["GRACEFUL_ADMISSION"] = self.admission
             if self.reserve is not None:
                 env["GRACEFUL_RESERVE"] = f"{self.reserve:g}"
         return env

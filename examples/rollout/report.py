@@ -113,8 +113,8 @@ def _label(side: SideResult, options: Options) -> str:
     """The column's name: the side, or in long-streams-handoff the scenario each graceful side stands for."""
     if options.scenario == "long-streams-handoff":
         return "long-streams-handoff" if side.handoff_streams else "long-streams"
-    if options.scenario == "short-grace":
-        return f"admission {side.admission}"
+    if options.scenario == "short-grace" and side.kind != "baseline":
+        return f"admission {side.admission or 'fits'}"
     if options.handoff_streams:  # the first column is the graceful side without handoff
         return "graceful, handoff" if side.handoff_streams else "graceful, no handoff"
     return side.kind

@@ -75,7 +75,7 @@ class Options:
     active_hc: bool = False  # --balancer envoy: active health checking of /ready every 30 s
     announce_drain: bool = True  # the graceful side's responses announce its drain (GRACEFUL_ANNOUNCE_DRAIN)
     handoff_streams: bool = False  # the graceful side hands resumable streams off after the propagation wait
-    admission: str = "all"  # the graceful side's admission option: all, or fits (GRACEFUL_ADMISSION)
+    admission: str | None = None  # the graceful side's admission option (GRACEFUL_ADMISSION); None: graceful's default
     stream_weights: tuple[float, ...] | None = None  # the stream workers' shares by length (None: 1, 1/2, 1/3...)
     resume: bool = False  # clients send through graceful's resuming transport (graceful soak --resume)
     gateway: str | None = None  # --gateway litellm: clients send through a LiteLLM proxy (examples/rollout/litellm.py)
@@ -372,7 +372,7 @@ class SideResult:
     notes: list[str] = field(default_factory=list)
     reloads: list[tuple[float, float]] = field(default_factory=list)  # nginx: reload start, old workers gone
     gateway: str | None = None  # --gateway: what ran in front of the balancer
-    admission: str = "all"  # the graceful side's admission option
+    admission: str | None = None  # the graceful side's admission option (None: graceful's default)
     client_kinds: dict[str, str] = field(default_factory=dict)  # request id -> its client kind (short-grace)
 
 

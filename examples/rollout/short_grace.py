@@ -180,4 +180,9 @@ def render_kinds(sides: list[tuple[str, Counts]]) -> list[str]:
 
 def sides(first: SideResult | None, second: SideResult) -> list[tuple[str, Counts]]:
     """Each side's column label and figures, in order."""
-    return [(f"admission {side.admission}", count(side)) for side in (first, second) if side is not None]
+    return [(_label(side), count(side)) for side in (first, second) if side is not None]
+
+
+def _label(side: SideResult) -> str:
+    """A column's name: the baseline, or the graceful side's admission mode (graceful's default when unset)."""
+    return "baseline" if side.kind == "baseline" else f"admission {side.admission or 'fits'}"

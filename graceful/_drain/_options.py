@@ -54,7 +54,7 @@ class DrainConfig:
         "for the client to continue elsewhere (see [Resumable streams](resume.md))",
     )
     admission: Admission = option(
-        default="all",
+        default="fits",
         kind=Kind(read_mode, check_mode, choices=MODES),
         value="`all` or `fits`",
         meaning="during a drain, `all` admits every request the drain would; `fits` only those expected to finish "

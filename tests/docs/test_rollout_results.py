@@ -27,6 +27,7 @@ RUNS = {
     "docs_src/rollout-results/envoy_announce.sh": 6,  # 2 seeds x (the header, none, none with a 12 s wait)
     "docs_src/rollout-results/litellm.sh": 2,
     "docs_src/rollout-results/vllm.sh": 5,
+    "docs_src/rollout-results/short_grace.sh": 2,  # issue 54: HAProxy, then nginx retrying not-started 503s
 }
 
 

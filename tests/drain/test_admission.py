@@ -88,7 +88,7 @@ def test_bad_values_are_one_line_naming_the_value_and_the_choices(
     monkeypatch.setenv("GRACEFUL_ADMISSION", " FITS ")
     assert Drain().config.admission == "fits"
     monkeypatch.delenv("GRACEFUL_ADMISSION")
-    assert Drain().config.admission == "all"
+    assert Drain().config.admission == "fits"  # the default (docs/budget.md, "The default")
     assert main(["run", "example:app", "--admission", "maybe"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "graceful run: Invalid value for '--admission': 'maybe' is not one of 'all', 'fits' (see graceful run --help)"
