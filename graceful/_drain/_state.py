@@ -142,6 +142,7 @@ class Drain:
             counters=tally.as_dict(),
             budget=self.config.in_force(),
             durations=tally.histograms.as_dict(),
+            pace=tally.pace.as_dict(),
             propagation=tuple(tally.propagation_seconds),
             failure=c.failure,
             **times,

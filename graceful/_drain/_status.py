@@ -109,6 +109,8 @@ class DrainStatus:
     # finished work (``RequestHistograms.as_dict``) and each drain's propagation figure.
     budget: dict[str, object] = field(default_factory=dict)
     durations: dict[str, object] = field(default_factory=dict)
+    # The streams' pace admission="fits" judges by (``_admission.Pace.as_dict``).
+    pace: dict[str, object] = field(default_factory=dict)
     propagation: tuple[float, ...] = ()
     # Why the server is FAILED (None while it is not).
     failure: Failure | None = None
@@ -127,6 +129,7 @@ class DrainStatus:
             "counters": self.counters,
             "budget": self.budget,
             "durations": self.durations,
+            "pace": self.pace,
             "propagation": [round(p, 6) for p in self.propagation],
         }
 
