@@ -37,7 +37,7 @@ BODY_TIMEOUT = 1.0
 # A sampled stream's frames are timed for at most FRAMES frames; then nothing is sampled for PAUSE
 # times the time the sample took (at least one sweep).
 FRAMES = 32
-PAUSE = 19.0
+PAUSE = 59.0
 
 _monotonic = time.monotonic
 
@@ -52,7 +52,7 @@ async def judge(shared: Shared, scope: Scope, receive: Receive) -> tuple[Receive
     messages, body = await _read_body(scope, receive)
     replayed = _replay(messages, receive) if messages else receive
     tally = core.tally
-    expected = expected_run(body, tally.pace, tally.histograms.snapshot())
+    expected = expected_run(body, tally.pace, tally.histograms.snapshot)
     if expected is None:  # nothing seen to judge it by: admitted, as with admission="all"
         return replayed, None
     now = _monotonic()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from ._errors import ConfigError
@@ -82,26 +82,31 @@ class Pace:
     ``record`` is all it calls.
     """
 
-    __slots__ = ("first", "per_token")
+    __slots__ = ("_first_token", "_time_per_token", "first", "per_token")
 
     def __init__(self) -> None:
         self.first: deque[float] = deque(maxlen=SAMPLES)
         self.per_token: deque[float] = deque(maxlen=SAMPLES)
+        # The figures, worked out when a sample comes (every few seconds), read by every judged request.
+        self._time_per_token: float | None = None
+        self._first_token = 0.0
 
     def record(self, first: float | None, per_token: float | None) -> None:
         if first is not None and first >= 0:
             self.first.append(first)
+            self._first_token = _percentile(self.first, 0.5) or 0.0
         if per_token is not None and per_token >= 0:
             self.per_token.append(per_token)
+            self._time_per_token = _percentile(self.per_token)
 
     def time_per_token(self) -> float | None:
         """The time per token at ``HIGH``, or None before any stream was sampled."""
-        return _percentile(self.per_token)
+        return self._time_per_token
 
     def first_token(self) -> float:
         """The time to the first frame, the median of those seen (0 before any): it is the queue's and the
         prefill's of the moment, and the few a replica that has just started sees are its slowest."""
-        return _percentile(self.first, 0.5) or 0.0
+        return self._first_token
 
     def as_dict(self) -> dict[str, object]:
         per_token = self.time_per_token()
@@ -148,9 +153,10 @@ def parse_body(body: bytes | None) -> object:
         return None
 
 
-def expected_run(body: bytes | None, pace: Pace, durations: Mapping[str, Histogram]) -> float | None:
+def expected_run(body: bytes | None, pace: Pace, durations: Callable[[], Mapping[str, Histogram]]) -> float | None:
     """How long a request with this body is expected to run here, in seconds; None when nothing seen
-    says (admit it). ``body`` is the whole body, or None when it was not read whole."""
+    says (admit it). ``body`` is the whole body, or None when it was not read whole; ``durations`` gives
+    the durations seen by kind, asked for only when the body's limit and the pace do not say."""
     request = parse_body(body)
     limit = token_limit(request)
     per_token = pace.time_per_token()
@@ -159,7 +165,8 @@ def expected_run(body: bytes | None, pace: Pace, durations: Mapping[str, Histogr
         # stream's role chunk), and the first token then comes a frame after it.
         return pace.first_token() + (limit + 1) * per_token
     kind = _kind(request)
-    seen = durations.get(kind) if kind is not None else merge_all(durations.values())
+    by_kind = durations()
+    seen = by_kind.get(kind) if kind is not None else merge_all(by_kind.values())
     if seen is None or seen.count == 0:
         return None
     return seen.quantile(HIGH)

@@ -23,7 +23,11 @@ def histogram(**seconds: int) -> Histogram:
     return Histogram(BOUNDS, tuple(counts))
 
 
-SEEN = {"stream": histogram(**{"40": 10}), "plain": histogram(**{"1": 190})}
+SEEN_BY_KIND = {"stream": histogram(**{"40": 10}), "plain": histogram(**{"1": 190})}
+
+
+def seen() -> dict[str, Histogram]:  # the durations, as the estimate asks for them
+    return SEEN_BY_KIND
 
 
 def paced(first: float = 0.5, per_token: float = 0.1) -> Pace:
@@ -37,19 +41,19 @@ def body(**fields: object) -> bytes:
 
 
 def test_the_limit_and_one_frame_times_the_pace_plus_the_first_frame() -> None:
-    assert expected_run(body(max_tokens=100), paced(), SEEN) == pytest.approx(10.6)
-    assert expected_run(body(max_completion_tokens=10), paced(), SEEN) == pytest.approx(1.6)
-    assert expected_run(body(max_output_tokens=10), paced(first=0), SEEN) == pytest.approx(1.1)
+    assert expected_run(body(max_tokens=100), paced(), seen) == pytest.approx(10.6)
+    assert expected_run(body(max_completion_tokens=10), paced(), seen) == pytest.approx(1.6)
+    assert expected_run(body(max_output_tokens=10), paced(first=0), seen) == pytest.approx(1.1)
 
 
 def test_without_a_limit_or_a_pace_the_durations_of_its_kind_at_the_high_percentile() -> None:
-    assert expected_run(body(stream=True), paced(), SEEN) == 40.0
-    assert expected_run(body(), paced(), SEEN) == 1.0
-    assert expected_run(body(stream=True, max_tokens=5), Pace(), SEEN) == 40.0
+    assert expected_run(body(stream=True), paced(), seen) == 40.0
+    assert expected_run(body(), paced(), seen) == 1.0
+    assert expected_run(body(stream=True, max_tokens=5), Pace(), seen) == 40.0
     # Not JSON, not an object, or not read whole (None): everything seen (p95 of 200 is a plain one).
     for raw in (b"\xff\xfe not json", b"[1, 2]", None, b""):
-        assert expected_run(raw, paced(), SEEN) == 1.0
-    assert expected_run(body(stream=True), Pace(), {"stream": Histogram.empty()}) is None
+        assert expected_run(raw, paced(), seen) == 1.0
+    assert expected_run(body(stream=True), Pace(), lambda: {"stream": Histogram.empty()}) is None
 
 
 def test_a_limit_is_a_whole_number_of_at_least_one() -> None:
@@ -99,7 +103,7 @@ def test_advise_says_what_each_admission_mode_does_with_the_requests_of_the_wait
     """A wait of 10 s and 25 s to the deadline: a request arriving during the wait has 15 to 25 s left. Ten
     streams of 30 to 40 s cannot finish whenever they come; four of 15 to 20 s finish unless they come late
     (up to half of them by their upper bound, none by their lower); 190 plain ones of up to 1 s always do."""
-    seen = {"stream": histogram(**{"40": 10, "20": 4}), "plain": histogram(**{"1": 190})}
+    seen = {"stream": histogram(**{"40": 10, "20": 4}), "plain": histogram(**{"1": 190})}  # by kind
     figures = admitting(seen, wait=10, limit=25)
     assert figures is not None
     assert (figures.requests, figures.refused, figures.cut) == (204, 12.0, 10.0)
@@ -130,3 +134,14 @@ def test_the_first_frame_is_the_median_of_those_seen() -> None:
     for first in (0.1, 0.12, 2.0, 0.11, 0.13):
         pace.record(first, 0.1)
     assert pace.first_token() == pytest.approx(0.12)
+
+
+def test_the_durations_are_asked_for_only_when_the_limit_and_the_pace_do_not_say() -> None:
+    asked: list[bool] = []
+
+    def durations() -> dict[str, Histogram]:
+        asked.append(True)
+        return SEEN_BY_KIND
+
+    assert expected_run(body(max_tokens=100), paced(), durations) == pytest.approx(10.6) and not asked
+    assert expected_run(body(stream=True), paced(), durations) == 40.0 and asked == [True]
