@@ -42,6 +42,7 @@ SESSIONS = [
     "docs_src/budget/advise_max_grace_period.console",
     "docs_src/budget/advise_hook_flags.console",
     "docs_src/budget/advise_bad_duration.console",
+    "docs_src/budget/advise_admission.console",  # issue 54: what each admission mode does in the wait
 ]
 VLLM_STATUS = "docs_src/budget/vllm_status.json"
 VLLM_METRICS = "docs_src/budget/vllm_metrics.txt"
