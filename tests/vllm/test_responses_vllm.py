@@ -145,7 +145,10 @@ def test_a_responses_stream_handed_off_is_read_as_one_response(
     off with the Responses final event  4. the transport continues it on B  5. the caller reads one response
     whose text is the reference's"""
     first = handing_off
-    tokens = tokens_for(replica, 10)  # still running when the hook's drain lands, on an idle machine too
+    # Still running when the hook's drain lands: sized at 30 s by a rate measured now, since a rate
+    # measured while the machine is busy elsewhere (the other tiers run beside this one) can be several
+    # times slower than the stream's own (at 10 s it ended before the drain, once).
+    tokens = tokens_for(replica, 30)
     reference = uncut(replica, tokens=tokens)
     router = Router(first, replica)
     transport = graceful.ResumingTransport(transport=router)
