@@ -36,8 +36,11 @@ MUTATION = Path(ROOT) / "docs_src/testing/mutation.sh"
 UNDER_LOAD = Path(ROOT) / "docs_src/testing/under_load.sh"
 
 # Each stand-in appends one line to $CALLS: its name, then its arguments quoted as bash would read them.
+# One write per call: scripts/test runs two lanes at once, and a call written in pieces interleaved
+# with the other's (a call then went missing from the record).
 RECORDER = """#!/usr/bin/env bash
-{{ printf '%s' {name}; for arg in "$@"; do printf ' %q' "$arg"; done; printf '\\n'; }} >> "$CALLS"
+line={name}; for arg in "$@"; do line+=$(printf ' %q' "$arg"); done
+printf '%s\\n' "$line" >> "$CALLS"
 {then}
 """
 STAND_INS = {
