@@ -8,20 +8,46 @@ to within about 0.3%.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["CALLGRIND", "LIMIT", "annotate", "collected", "env", "per_request_and_frame", "require", "summary"]
+__all__ = [
+    "CALLGRIND",
+    "LIMIT",
+    "annotate",
+    "arguments",
+    "collected",
+    "env",
+    "per_request_and_frame",
+    "require",
+    "summary",
+]
 
 CALLGRIND = ("valgrind", "--tool=callgrind")
 # A bound on one process under callgrind: the longest, 2,000 BaseHTTPMiddleware requests, takes minutes.
 LIMIT = 1800.0
+
+
+def arguments(doc: str | None, child: Callable[[str, int, int], None]) -> argparse.Namespace | None:
+    """The command line of an instruction-count benchmark (``--requests``, ``--frames``): None once it has
+    run ``child`` instead, for the ``--child VARIANT FRAMES N`` process that callgrind counts."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--frames", type=int, default=100)
+    parser.add_argument("--child", nargs=3, metavar=("VARIANT", "FRAMES", "N"))
+    args = parser.parse_args()
+    if args.child:
+        variant, frames, n = args.child
+        child(variant, int(frames), int(n))
+        return None
+    return args
 
 
 def env() -> dict[str, str]:

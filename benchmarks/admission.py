@@ -15,7 +15,6 @@ One measurement by hand: python -m benchmarks.admission --child VARIANT FRAMES N
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import types
@@ -24,7 +23,7 @@ from graceful._asgi._http import FrameClock
 from graceful._asgi._types import Message, Receive, Scope, Send
 from graceful._drain._admission import Admission
 
-from ._callgrind import per_request_and_frame, require
+from ._callgrind import arguments, per_request_and_frame, require
 from ._common import machine, table
 from ._drive import SCOPE, make_app, sink
 
@@ -86,14 +85,8 @@ def child(variant: str, frames: int, n: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--frames", type=int, default=100)
-    parser.add_argument("--child", nargs=3, metavar=("VARIANT", "FRAMES", "N"))
-    args = parser.parse_args()
-    if args.child:
-        variant, frames, n = args.child
-        child(variant, int(frames), int(n))
+    args = arguments(__doc__, child)
+    if args is None:
         return
     require("benchmarks.admission")
     counts = per_request_and_frame("benchmarks.admission", VARIANTS, args.requests, args.frames)

@@ -14,12 +14,11 @@ Run one measurement by hand: python -m benchmarks.instructions --child VARIANT F
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 from graceful._asgi._types import ASGIApp
 
-from ._callgrind import per_request_and_frame, require
+from ._callgrind import arguments, per_request_and_frame, require
 from ._common import machine
 from ._drive import SCOPE, VARIANTS, make_app, receive, side_by_side, sink
 
@@ -47,14 +46,8 @@ def child(variant: str, frames: int, n: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--frames", type=int, default=100)
-    parser.add_argument("--child", nargs=3, metavar=("VARIANT", "FRAMES", "N"))
-    args = parser.parse_args()
-    if args.child:
-        variant, frames, n = args.child
-        child(variant, int(frames), int(n))
+    args = arguments(__doc__, child)
+    if args is None:
         return
     require("benchmarks.instructions")
     names = [*VARIANTS][:3] + [NO_REQUEST_ID]
