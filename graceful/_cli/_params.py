@@ -27,6 +27,7 @@ __all__ = [
     "fail",
     "judge_flag",
     "option_flag",
+    "run_socket_dir",
     "search_dir",
     "socket_dir_option",
     "socket_option",
@@ -146,13 +147,14 @@ def fail(ctx: click.Context, message: str) -> NoReturn:
     ctx.exit(EXIT_USAGE)
 
 
-def _socket_dir_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def run_socket_dir(ctx: click.Context, value: str | None) -> str | None:
     """``--socket-dir`` (or ``GRACEFUL_SOCKET_DIR``) as ``graceful run`` takes it: its server makes the
     directory, so the server's rules (``socket_dir_problem``) apply at once, before the app is loaded, with
     the flag or the variable named as the user gave it; a typed relative path is taken from the current
     directory. The commands that search the directory check it where they know ``--socket`` too
-    (``socket_dir_to_search``)."""
-    if value is None or ctx.command.name != "run":
+    (``socket_dir_to_search``). Called from the command, not as the option's callback: click before 8.5
+    records where a value came from only after its callback has run."""
+    if value is None:
         return value
     typed = ctx.get_parameter_source("socket_dir") is ParameterSource.COMMANDLINE
     path = os.path.abspath(value) if typed else value
@@ -160,6 +162,7 @@ def _socket_dir_given(ctx: click.Context, param: click.Parameter, value: str | N
     if problem is None:
         return path
     if typed:
+        param = next(param for param in ctx.command.params if param.name == "socket_dir")
         raise click.BadParameter(f"{value!r} {problem}", ctx, param)
     fail(ctx, f"environment variable {variable('socket_dir')}: {value!r} {problem}")
 
@@ -173,7 +176,6 @@ socket_dir_option = click.option(
     default_text="<tmp>/graceful-<uid>",
     type=click.Path(),
     metavar="DIRECTORY",
-    callback=_socket_dir_given,
     help="Directory of the worker sockets.",
 )
 

@@ -16,7 +16,7 @@ from click.decorators import FC
 from .._drain._environ import shown_default, variable
 from .._drain._errors import ConfigError
 from .._drain._options import DRAIN_DECLARED
-from ._params import FromEnv, fail, option_flag, socket_dir_option
+from ._params import FromEnv, fail, option_flag, run_socket_dir, socket_dir_option
 
 if TYPE_CHECKING:
     from .._serve._load import Flag
@@ -108,6 +108,7 @@ def run_command(
     # What goes to uvicorn.Config rather than to the drain.
     server: dict[str, Any] = {key: values.pop(key) for key in ("host", "port", "uds")}
     server["timeout_keep_alive"] = timeout_keep_alive
+    values["socket_dir"] = run_socket_dir(ctx, values["socket_dir"])
     try:
         code = serve(app, _flags(ctx, values), app_dir=app_dir, workers=workers, log_level=log_level, **server)
     except ConfigError as exc:
