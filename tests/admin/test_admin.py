@@ -426,8 +426,15 @@ async def test_admin_failure_fails_the_server_startup(socket_dir: str, caplog: p
     with socket.socket(socket.AF_UNIX) as other:
         other.bind(path)
         other.listen()
-        with caplog.at_level(logging.ERROR), anyio.fail_after(10), pytest.raises(SystemExit) as exited:
-            await server.serve()
+        # uvicorn logs the failure on its own logger, which an earlier in-process server's log config (uvicorn's
+        # LOGGING_CONFIG) leaves not propagating to the root, where caplog listens: listen on it directly.
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        uvicorn_log.addHandler(caplog.handler)
+        try:
+            with caplog.at_level(logging.ERROR), anyio.fail_after(10), pytest.raises(SystemExit) as exited:
+                await server.serve()
+        finally:
+            uvicorn_log.removeHandler(caplog.handler)
     assert exited.value.code == 3  # uvicorn's "startup failed" exit
     assert not server.started
     assert any("another process listens on" in r.getMessage() for r in caplog.records)
