@@ -8,8 +8,9 @@ import anyio
 import pytest
 
 from graceful._drain._core import Core
+from graceful._drain._ledger import COMPLETED
 from graceful._drain._state import core
-from tests.drain.test_drain_run import serving
+from tests.drain.test_drain_run import Item, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -75,3 +76,30 @@ async def test_outside_a_drain_only_done_ends_the_wait(when: str) -> None:
         done.set()
         with anyio.fail_after(2):
             await returned.wait()
+
+
+async def test_a_follow_up_runs_wait_lasts_until_done() -> None:
+    """1. A drain drains; a pinned connection's one more request is then in flight. 2. A second
+    ``begin_drain`` starts a follow-up run for it, its propagation phase long over: the wait goes on,
+    with no arrival of its own to end it, until ``done``."""
+    drain = serving(admit_during_propagation=True)
+    c = core(drain)
+    c.set_launcher("a test", lambda: {"peer"})  # an open connection, pinned at the drain's start
+    with anyio.fail_after(5):
+        assert (await drain.drain(timeout=10)).drained
+    assert c.admit_pinned("peer") is True
+    item = Item(c.ledger)
+    assert c.ledger.admit_item(item)
+    drain.begin_drain()  # joins the drain: a follow-up run for the request
+    done, returned = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waited, c, done, returned)
+        with anyio.fail_after(2):
+            await anyio.wait_all_tasks_blocked()
+        assert not returned.is_set()
+        done.set()
+        with anyio.fail_after(2):
+            await returned.wait()
+    item.finish(COMPLETED)
+    with anyio.fail_after(5):
+        assert (await drain.drain()).drained

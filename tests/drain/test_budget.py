@@ -91,6 +91,13 @@ def test_propagation_wait_that_does_not_fit_is_refused_with_arithmetic() -> None
     assert "25s" in str(caught.value) and "30s" in str(caught.value) and "20s" in str(caught.value)
 
 
+def test_a_given_reserve_below_the_default_leaves_the_wait_its_room() -> None:
+    """A reserve of 5 s leaves a 30 s grace period 25 s: a 22 s wait fits, though the default reserve (10 s) would
+    leave it 20 s. The rule judges the reserve given, not the default."""
+    assert Budget.resolve(grace_period=30, reserve=5, propagation_wait="22s").limit == 25.0
+    assert Drain(grace_period=30, reserve=5, propagation_wait="22s").budget.propagation_wait == 22.0
+
+
 def test_fitting_budget_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="graceful"):
         Drain(grace_period=30, reserve=10, propagation_wait="10s")

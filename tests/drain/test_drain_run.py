@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from graceful import Budget, ConfigError, Drain, DrainResult, State
+from graceful._drain._admission import WOULD_NOT_FINISH
 from graceful._drain._durations import quiet_seconds
 from graceful._drain._ledger import COMPLETED, Tracked
 from graceful._drain._state import core
@@ -434,6 +435,19 @@ async def test_expiry_waits_for_work_to_unwind_up_to_unwind_timeout(caplog: pyte
         r"client_disconnected=0 errors=0 cancelled=1 rejected=0 would_not_finish=0",
         summary,
     ), summary
+
+
+async def test_the_summary_counts_the_refusals_admission_fits_made_apart(caplog: pytest.LogCaptureFixture) -> None:
+    """The drain's summary line counts every refusal, and those of admission="fits" (would_not_finish) apart."""
+    drain = serving()
+    drain.begin_drain("preStop", timeout=5)
+    core(drain).count_rejected("server_draining")
+    core(drain).count_rejected(WOULD_NOT_FINISH)
+    with caplog.at_level(logging.INFO, logger="graceful"):
+        with anyio.fail_after(5):
+            assert (await drain.drain()).drained
+    [summary] = [line for line in messages(caplog) if line.startswith("drain drained:")]
+    assert summary.endswith(" rejected=2 would_not_finish=1"), summary
 
 
 async def test_the_leader_finishes_when_its_caller_is_cancelled() -> None:

@@ -308,6 +308,11 @@ def test_status_snapshot() -> None:
     assert status["deadline"] - status["drain_started"] == pytest.approx(5, abs=0.01)
 
 
+def test_status_shows_the_pace_before_any_stream_is_sampled() -> None:
+    """``/status`` carries the streams' pace admission="fits" judges by, from the start: no stream sampled yet."""
+    assert serving().status().as_dict()["pace"] == {"streams": 0, "time_per_token": None, "first_token": 0.0}
+
+
 async def test_drain_of_a_stopped_process_says_stopped() -> None:
     drain = serving()
     drain.mark_stopped()
