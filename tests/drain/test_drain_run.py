@@ -16,8 +16,12 @@ from graceful._drain._admission import WOULD_NOT_FINISH
 from graceful._drain._durations import quiet_seconds
 from graceful._drain._ledger import COMPLETED, Tracked
 from graceful._drain._state import core
+from tests.drain import test_quiet
+from tests.drain.test_quiet import FakeTime
 
 pytestmark = pytest.mark.anyio
+
+clock = test_quiet.clock  # the fixture of the drain's own clock, still until a test moves it
 
 
 class Item(Tracked):
@@ -328,6 +332,63 @@ async def test_a_pinned_peer_is_refused_after_the_deadline() -> None:
     await anyio.sleep(0.1)  # past the deadline
     assert core(drain).admit_pinned("peer") is False
     assert core(drain).admit_pinned(None) is False
+
+
+async def test_a_pinned_peer_is_served_until_the_deadlines_instant_not_at_it(clock: FakeTime) -> None:
+    """At the deadline's instant (the clock exactly there) the work would be cut at once: refused."""
+    drain = serving(admit_during_propagation=True)
+    core(drain).set_launcher("a test", lambda: {"early", "late"})
+    start = clock.now
+    drain.begin_drain("test", timeout=5)
+    clock.now = start + 4.999
+    assert core(drain).admit_pinned("early") is True
+    clock.now = start + 5.0
+    assert core(drain).admit_pinned("late") is False
+
+
+async def test_a_drain_request_at_the_deadlines_instant_starts_no_follow_up(clock: FakeTime) -> None:
+    """A pinned connection's one more request is in flight after the drain drained; a drain request at
+    the deadline's instant leaves no time for a follow-up run: the drain's result stands."""
+    drain = serving(admit_during_propagation=True)
+    core(drain).set_launcher("a test", lambda: {"peer"})
+    with anyio.fail_after(5):
+        first = await drain.drain(timeout=5)
+    assert first.drained
+    assert core(drain).admit_pinned("peer") is True
+    item = Item(core(drain).ledger)
+    assert core(drain).ledger.admit_item(item)
+    clock.now += 5.0
+    with anyio.fail_after(5):
+        assert await drain.drain() is first
+    item.finish(COMPLETED)
+
+
+async def test_the_drain_times_out_at_the_deadlines_instant(clock: FakeTime) -> None:
+    """At the deadline's instant (the clock exactly there), with a job in flight, the drain times out and
+    ends it."""
+    drain = serving()
+    release, done = anyio.Event(), anyio.Event()
+    results: list[DrainResult] = []
+
+    async def drained() -> None:
+        results.append(await drain.drain())
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold, drain, release)
+        with anyio.fail_after(2):
+            await anyio.wait_all_tasks_blocked()
+        drain.begin_drain("test", timeout=5)
+        clock.now += 5.0
+        tg.start_soon(drained)
+        with anyio.move_on_after(5):
+            await done.wait()
+        at_the_instant = done.is_set()
+        clock.now += 1.0  # a run that let the instant pass ends now: the test fails rather than hangs
+        release.set()
+    assert at_the_instant
+    [result] = results
+    assert (result.result, result.truncated, result.duration) == ("timeout", 1, 5.0)
 
 
 async def test_refuse_mode_refuses_during_the_wait_and_counts_the_arrival() -> None:

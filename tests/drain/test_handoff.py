@@ -14,9 +14,13 @@ import pytest
 from graceful import Drain, DrainResult, State
 from graceful._drain._ledger import CANCELLED, COMPLETED, HANDED_OFF, Ledger
 from graceful._drain._state import core
+from tests.drain import test_quiet
 from tests.drain.test_drain_run import Item, serving
+from tests.drain.test_quiet import FakeTime
 
 pytestmark = pytest.mark.anyio
+
+clock = test_quiet.clock  # the fixture of the drain's own clock, still until a test moves it
 
 
 class Stream(Item):
@@ -30,6 +34,13 @@ class Stream(Item):
         self.finish(HANDED_OFF)
         self.handed.set()
         return True
+
+
+class Expiring(Stream):
+    """A resumable stream that the deadline ends too (cancelled)."""
+
+    async def cut(self) -> None:
+        self.finish(CANCELLED)
 
 
 class Stuck(Item):
@@ -140,6 +151,42 @@ async def test_no_handoff_without_handoff_streams() -> None:
         assert not handed.is_set() and core(drain).handing_off is False
         stream.finish(COMPLETED)
     assert results[0].handed_off == 0
+
+
+async def test_the_handoff_begins_at_the_propagation_phases_end(clock: FakeTime) -> None:
+    """At the instant the propagation phase ends (the clock exactly there) the phase is over: the run
+    hands the streams off."""
+    drain = serving(handoff_streams=True)
+    handed = anyio.Event()
+    admitted(drain, Stream(core(drain).ledger, handed))
+    drain.begin_drain("test", propagation_wait=2, timeout=5)
+    clock.now += 2.0
+    results: list[DrainResult] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(drained, drain, results)
+        with anyio.move_on_after(2):
+            await handed.wait()
+        at_the_instant = handed.is_set()
+        clock.now += 1.0  # a run that let the instant pass hands off now: the test fails rather than hangs
+        run = core(drain).run
+        assert run is not None
+        run.wake()
+    assert at_the_instant
+    assert (results[0].result, results[0].handed_off) == ("drained", 1)
+
+
+async def test_no_handoff_at_the_deadlines_instant(clock: FakeTime) -> None:
+    """At the deadline's instant (the clock exactly there, the wait ending with it) the deadline ends the
+    streams in flight: cut, not handed off."""
+    drain = serving(handoff_streams=True)
+    handed = anyio.Event()
+    admitted(drain, Expiring(core(drain).ledger, handed))
+    drain.begin_drain("test", propagation_wait=5, timeout=5)
+    clock.now += 5.0
+    with anyio.fail_after(5):
+        result = await drain.drain()
+    assert not handed.is_set()
+    assert (result.result, result.handed_off, result.truncated) == ("timeout", 0, 1)
 
 
 def test_handed_off_is_zero_before_any_drain() -> None:

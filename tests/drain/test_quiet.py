@@ -190,6 +190,34 @@ async def test_resume_and_a_new_drain_start_a_fresh_measurement(clock: FakeTime)
     assert core(drain).tally.propagation_seconds == [0.0]  # the resumed drain recorded nothing
 
 
+async def test_a_request_in_the_drains_first_instant_is_its_last_new_request(
+    clock: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request at the drain's start (the clock has not moved since it began) is a new request of the
+    phase, 0 s after drain start: in the status, the phase's log line and the drain's result."""
+    mw = middleware(propagation_wait=3)
+    mw.drain.begin_drain("test")
+    assert await get(mw) == 200  # t=0
+    assert mw.drain.status().last_request == pytest.approx(clock.time(), abs=1e-6)
+    clock.now += 3.0
+    with caplog.at_level(logging.INFO, logger="graceful"), anyio.fail_after(5):
+        result = await mw.drain.drain()
+    assert result.drained and result.last_request == 0.0
+    assert any("last new request 0.000s after drain start" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_wait_that_ends_at_the_deadline_drains_at_that_instant(clock: FakeTime) -> None:
+    """The budget rule lets a wait as long as the drain's limit through: with nothing in flight, the drain
+    ends at that instant drained, not timed out."""
+    drain = Drain(grace_period=60, reserve=10)
+    drain.mark_serving()
+    drain.begin_drain("test", propagation_wait=5, timeout=5)
+    clock.now += 5.0  # t=5: the wait's end and the deadline
+    with anyio.fail_after(5):
+        result = await drain.drain()
+    assert (result.result, result.propagation) == ("drained", 5.0)
+
+
 # -- the drain runner: event-driven, real time ------------------------------------------------
 
 
