@@ -28,12 +28,13 @@ START_LIMIT = 240.0
 MODEL_LIMIT = 300.0
 
 # vLLM on the CPU: no accelerator to detect, a 1 GiB KV cache, the engine's OpenMP threads on
-# core 0 so that the API servers, the hooks, the balancer and the clients keep the other cores.
-# No hub, no usage reports.
+# core 0 (or the cores VLLM_CPU_OMP_THREADS_BIND names where it is set: the vllm tests give each of
+# their two workers a core) so that the API servers, the hooks, the balancer and the clients keep the
+# other cores. No hub, no usage reports.
 VLLM_ENV = {
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "0",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",

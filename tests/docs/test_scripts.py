@@ -141,7 +141,11 @@ def test_the_quick_start_runs_the_demo_and_the_suite(clone: Clone) -> None:
 
 # scripts/test without arguments: the vllm tier, the other tiers beside it on two workers, then the
 # benchmarks' smoke runs alone (docs/testing.md, "Tiers").
-LANES = [["-m", "vllm"], ["-m", "not (vllm or every_core)", "-n", "2", "--dist", "loadfile"], ["-m", "every_core"]]
+LANES = [
+    ["-m", "vllm", "-n", "2", "--dist", "loadfile"],
+    ["-m", "not (vllm or every_core)", "-n", "2", "--dist", "loadfile"],
+    ["-m", "every_core"],
+]
 
 
 def test_the_suite_takes_pytests_arguments(clone: Clone) -> None:

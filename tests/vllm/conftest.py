@@ -38,6 +38,23 @@ VLLM = os.environ.get("GRACEFUL_VLLM") or str(VENV / "bin" / "vllm")
 # The CPU environment and the model cache are the rollout demo's (examples/rollout/vllm.py): the
 # engine's OpenMP threads on core 0, a 1 GiB KV cache, no hub, graceful's log lines shown.
 VLLM_ENV = CPU_ENV
+
+
+def _engine_core() -> str:
+    """The core for this process's engines: scripts/test runs this tier on two pytest-xdist workers, and each
+    worker's engines (and the demo's, which read the variable) get a core of their own, ``gw0`` the first;
+    a ``VLLM_CPU_OMP_THREADS_BIND`` already set is kept."""
+    given = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if given:
+        return given
+    cores = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    return str(cores[int(worker) % len(cores)] if worker.isdigit() else cores[0])
+
+
+ENGINE_CORE = _engine_core()
+os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ENGINE_CORE  # for the demo's replicas (test_rollout_vllm.py)
+VLLM_ENV = {**CPU_ENV, "VLLM_CPU_OMP_THREADS_BIND": ENGINE_CORE}
 # docs/vllm.md's CPU recipe (docs_src/vllm/serve_cpu.sh): every server here starts with its `vllm serve`
 # flags, the model and the address aside (tests/docs/test_vllm.py checks the rest of the recipe).
 SERVE_FLAGS = command_with("docs_src/vllm/serve_cpu.sh", "vllm", "serve")[3:]
