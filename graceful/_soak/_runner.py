@@ -185,8 +185,13 @@ async def run_soak(
     records: list[RequestRecord] = []
     started, t0 = time.time(), time.monotonic()
     # Keep-alive on, as in every SDK: reusing idle connections is what exposes a
-    # server that closes them under a request already on its way.
-    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
+    # server that closes them under a request already on its way. Only the server ends
+    # a connection: with httpx's keep-alive expiry (5 s) a client whose loop stalled that
+    # long could close one it had just sent a request on (encode/httpcore#1110), a loss
+    # of the client's own that no server caused.
+    limits = httpx.Limits(
+        max_connections=config.concurrency, max_keepalive_connections=config.concurrency, keepalive_expiry=None
+    )
     timeout = httpx.Timeout(config.timeout, pool=None)
     options: dict[str, Any] = {"limits": limits}
     if config.resume:
