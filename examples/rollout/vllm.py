@@ -10,10 +10,14 @@ configured by ``GRACEFUL_*`` variables only, its log lines through ``examples/vl
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from graceful import ConfigError
@@ -81,17 +85,39 @@ def prepare(command: str) -> VllmSetup:
     with open(MAKE_MODEL, "rb") as script:
         digest = hashlib.sha256(script.read()).hexdigest()[:12]
     target = os.path.join(ROOT, ".vllm", f"model-{digest}")
-    if not os.path.exists(os.path.join(target, "model.safetensors")):
-        partial = target + ".partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        python = os.path.join(os.path.dirname(command), "python")
-        try:
-            subprocess.run(
-                [python, MAKE_MODEL, partial], check=True, timeout=MODEL_LIMIT, capture_output=True, cwd=ROOT
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", b"") or b""
-            raise RuntimeError(f"could not make the model with {python}: {exc} {detail[-500:]!r}") from None
-        shutil.rmtree(target, ignore_errors=True)
-        os.rename(partial, target)
+    with _alone(target + ".lock"):
+        if not os.path.exists(os.path.join(target, "model.safetensors")):
+            partial = target + ".partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            python = os.path.join(os.path.dirname(command), "python")
+            try:
+                subprocess.run(
+                    [python, MAKE_MODEL, partial], check=True, timeout=MODEL_LIMIT, capture_output=True, cwd=ROOT
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                detail = getattr(exc, "stderr", b"") or b""
+                raise RuntimeError(f"could not make the model with {python}: {exc} {detail[-500:]!r}") from None
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(partial, target)
     return VllmSetup(command=command, model=target)
+
+
+@contextlib.contextmanager
+def _alone(path: str) -> Iterator[None]:
+    """Hold the lock file ``path``: a second process making the same model (the vllm tests' two workers, a
+    demo beside them) waits for the first and then finds it made. The wait is bounded by the making's own."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    deadline = time.monotonic() + MODEL_LIMIT + 30.0
+    with open(path, "w") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"another process held {path} for more than {MODEL_LIMIT + 30.0:g} s") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
