@@ -32,6 +32,9 @@ MARKERS = (
     # Not a tier: a test that pins its processes to two CPUs, which pytest-xdist's busy workers would skew.
     # scripts/test runs it with the vllm tier, alone.
     "every_core: needs two CPUs of its own; scripts/test runs it with the vllm tier (tests/tiers.py)",
+    # Not a tier either: vllm tests that scripts/test starts once the fast, servers and gateways tiers have
+    # ended, beside the rest of the vllm tier, their engines on the second core.
+    "vllm_late: a vllm test that scripts/test starts once the other tiers have ended (tests/tiers.py)",
 )
 
 # A folder, a file or a test (relative to the repository root) whose every test is in one tier. Or mark a

@@ -139,11 +139,12 @@ def test_the_quick_start_runs_the_demo_and_the_suite(clone: Clone) -> None:
         pytest_accepts(args)
 
 
-# scripts/test without arguments: the vllm tier, the other tiers beside it on two workers, then the
-# benchmarks' smoke runs alone (docs/testing.md, "Tiers").
+# scripts/test without arguments: the vllm tier, the other tiers beside it on two workers, the vllm tests
+# started late once those have ended, then the benchmarks' smoke runs alone (docs/testing.md, "Tiers").
 LANES = [
-    ["-m", "vllm", "-n", "2", "--dist", "loadfile"],
+    ["-m", "vllm and not vllm_late"],
     ["-m", "not (vllm or every_core)", "-n", "2", "--dist", "loadfile"],
+    ["-m", "vllm and vllm_late"],
     ["-m", "every_core"],
 ]
 

@@ -41,15 +41,19 @@ VLLM_ENV = CPU_ENV
 
 
 def _engine_core() -> str:
-    """The core for this process's engines: scripts/test runs this tier on two pytest-xdist workers, and each
-    worker's engines (and the demo's, which read the variable) get a core of their own, ``gw0`` the first;
-    a ``VLLM_CPU_OMP_THREADS_BIND`` already set is kept."""
+    """The core for this process's engines: the first this process may use, or the one at
+    ``GRACEFUL_ENGINE_CORE_INDEX`` in that list (scripts/test gives the vllm tests it starts once the other
+    tiers have ended the second core, beside the rest of the tier on the first), or the pytest-xdist
+    worker's number there; the demo's replicas read it too. A ``VLLM_CPU_OMP_THREADS_BIND`` already set
+    is kept."""
     given = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     if given:
         return given
     cores = sorted(os.sched_getaffinity(0))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    return str(cores[int(worker) % len(cores)] if worker.isdigit() else cores[0])
+    index = os.environ.get("GRACEFUL_ENGINE_CORE_INDEX") or os.environ.get("PYTEST_XDIST_WORKER", "0").removeprefix(
+        "gw"
+    )
+    return str(cores[int(index) % len(cores)] if index.isdigit() else cores[0])
 
 
 ENGINE_CORE = _engine_core()

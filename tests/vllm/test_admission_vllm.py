@@ -17,7 +17,7 @@ from tests.utils import ROOT
 from tests.vllm.conftest import VllmServer
 from tests.vllm.test_vllm import CLIENT, PROMPT, Stream, graceful_cli, status_of, wait_for
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_late, pytest.mark.timeout(600)]
 
 GRACE, RESERVE, WAIT = 24, 2, 18  # the drain's deadline 22 s after its start; new requests admitted for 18 s
 # vLLM's own count of the requests its engine took: prompt tokens prefilled, requests finished, and in it now.

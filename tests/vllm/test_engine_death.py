@@ -38,7 +38,7 @@ from tests.vllm.test_vllm import (
     token_stream,
 )
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.vllm_late]
 CALLERS = 6
 TOKENS = 400
 

@@ -23,7 +23,7 @@ from tests.vllm.conftest import VLLM
 
 # Four vLLM starts (25 to 90 s each on two cores) and two rollouts: about 3 minutes here.
 LIMIT = 720.0
-pytestmark = pytest.mark.timeout(LIMIT + 120)
+pytestmark = [pytest.mark.timeout(LIMIT + 120), pytest.mark.vllm_late]
 
 
 def run_demo(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
