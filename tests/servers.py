@@ -138,8 +138,9 @@ class Launched:
                 time.sleep(0.02)
         return self.port
 
-    def wait_ready(self, sockets: int = 1, limit: float = 20) -> None:
-        """Until the port is known, `sockets` admin sockets exist, and /ready answers 200."""
+    def wait_ready(self, sockets: int = 1, limit: float = 60) -> None:
+        """Until the port is known, `sockets` admin sockets exist, and /ready answers 200: a start-up bound, not a
+        measure (two workers beside the vllm tier took over 20 s to start in a fresh-clone CI run)."""
         deadline = time.monotonic() + limit
         self.wait_port(limit)
         while time.monotonic() < deadline:

@@ -981,7 +981,8 @@ async def test_triton_trtllm_idle_once_active_reads_zero(serve: Any, capsys: pyt
     engine = ScriptedEngine(busy, idle)
     assert await drain_cli(engine="triton", metrics_url=await serve(engine), quiet=False) == 0
     result, err = json_result(capsys)
-    assert result["reads"] == 3 and set(result["values"].values()) == {0.0}
+    # Busy once, then idle: at least 3 reads (a loaded machine can take one more before idle is confirmed).
+    assert result["reads"] >= 3 and set(result["values"].values()) == {0.0}
     assert "engine idle (running=0 waiting=0)" in err and "warning" not in err
 
 

@@ -219,10 +219,10 @@ def test_second_signal_forces_exit(launch: Callable[..., Launched]) -> None:
     wait_status(server, 503)
     # A repeat within REPEAT_WINDOW is the same stop arriving twice; a later one forces.
     time.sleep(max(0.0, first + REPEAT_WINDOW + 0.1 - time.monotonic()))
-    sent = time.monotonic()
     server.process.send_signal(signal.SIGINT)
+    # Forced, not the drain's end: exit 1 and the line (the drain would end at its deadline with 0); how soon
+    # after the signal is the machine's (4 s in a loaded CI run), bounded by wait_exit.
     assert server.wait_exit(5) == 1
-    assert time.monotonic() - sent < 2
     assert "forcing exit with 1 request(s) in flight" in server.log
     stream.join(5)
     assert not stream.whole
