@@ -4,6 +4,8 @@ the last new request are never a second late."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 import pytest
 
@@ -20,35 +22,37 @@ async def waited(drain_core: Core, done: anyio.Event, returned: anyio.Event) -> 
     returned.set()
 
 
+async def released_by(drain_core: Core, done: anyio.Event, release: Callable[[], object]) -> None:
+    """``until_arrival(done)`` waits until ``release()`` is called, and returns then."""
+    returned = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waited, drain_core, done, returned)
+        with anyio.fail_after(2):
+            await anyio.wait_all_tasks_blocked()
+        assert not returned.is_set()
+        release()
+        with anyio.fail_after(2):
+            await returned.wait()
+
+
 async def test_a_new_request_of_the_propagation_phase_ends_the_wait() -> None:
     """1. A drain's propagation phase runs; the wait begins. 2. Nothing arrives: it goes on.
     3. A new request arrives: it returns, with ``done`` not set."""
     drain = serving()
     drain.begin_drain(propagation_wait=10, timeout=20)
     c = core(drain)
-    done, returned = anyio.Event(), anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(waited, c, done, returned)
-        with anyio.fail_after(2):
-            await anyio.wait_all_tasks_blocked()
-        assert not returned.is_set()
-        assert c.admit_arrival() is True
-        with anyio.fail_after(2):
-            await returned.wait()
+    done = anyio.Event()
+    admitted: list[bool] = []
+    await released_by(c, done, lambda: admitted.append(c.admit_arrival()))
+    assert admitted == [True]
     assert not done.is_set()
 
 
 async def test_done_ends_the_wait() -> None:
     drain = serving()
     drain.begin_drain(propagation_wait=10, timeout=20)
-    done, returned = anyio.Event(), anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(waited, core(drain), done, returned)
-        with anyio.fail_after(2):
-            await anyio.wait_all_tasks_blocked()
-        done.set()
-        with anyio.fail_after(2):
-            await returned.wait()
+    done = anyio.Event()
+    await released_by(core(drain), done, done.set)
 
 
 @pytest.mark.parametrize("when", ["before any drain", "after a drain"])
@@ -91,15 +95,8 @@ async def test_a_follow_up_runs_wait_lasts_until_done() -> None:
     item = Item(c.ledger)
     assert c.ledger.admit_item(item)
     drain.begin_drain()  # joins the drain: a follow-up run for the request
-    done, returned = anyio.Event(), anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(waited, c, done, returned)
-        with anyio.fail_after(2):
-            await anyio.wait_all_tasks_blocked()
-        assert not returned.is_set()
-        done.set()
-        with anyio.fail_after(2):
-            await returned.wait()
+    done = anyio.Event()
+    await released_by(c, done, done.set)
     item.finish(COMPLETED)
     with anyio.fail_after(5):
         assert (await drain.drain()).drained
