@@ -32,8 +32,8 @@ START_LIMIT = 240.0
 MODEL_LIMIT = 300.0
 
 # vLLM on the CPU: no accelerator to detect, a 1 GiB KV cache, the engine's OpenMP threads on
-# core 0 (or the cores VLLM_CPU_OMP_THREADS_BIND names where it is set: the vllm tests give each of
-# their two workers a core) so that the API servers, the hooks, the balancer and the clients keep the
+# core 0 (or the cores VLLM_CPU_OMP_THREADS_BIND names where it is set: the vllm tests started late
+# run on the second core) so that the API servers, the hooks, the balancer and the clients keep the
 # other cores. No hub, no usage reports.
 VLLM_ENV = {
     "VLLM_TARGET_DEVICE": "cpu",

@@ -35,27 +35,23 @@ from tests.utils import ROOT
 
 VENV = Path(ROOT) / ".vllm" / "venv"
 VLLM = os.environ.get("GRACEFUL_VLLM") or str(VENV / "bin" / "vllm")
-# The CPU environment and the model cache are the rollout demo's (examples/rollout/vllm.py): the
-# engine's OpenMP threads on core 0, a 1 GiB KV cache, no hub, graceful's log lines shown.
-VLLM_ENV = CPU_ENV
 
 
 def _engine_core() -> str:
     """The core for this process's engines: the first this process may use, or the one at
     ``GRACEFUL_ENGINE_CORE_INDEX`` in that list (scripts/test gives the vllm tests it starts once the other
-    tiers have ended the second core, beside the rest of the tier on the first), or the pytest-xdist
-    worker's number there; the demo's replicas read it too. A ``VLLM_CPU_OMP_THREADS_BIND`` already set
-    is kept."""
+    tiers have ended the second core, beside the rest of the tier on the first). A
+    ``VLLM_CPU_OMP_THREADS_BIND`` already set is kept."""
     given = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     if given:
         return given
     cores = sorted(os.sched_getaffinity(0))
-    index = os.environ.get("GRACEFUL_ENGINE_CORE_INDEX") or os.environ.get("PYTEST_XDIST_WORKER", "0").removeprefix(
-        "gw"
-    )
+    index = os.environ.get("GRACEFUL_ENGINE_CORE_INDEX", "0")
     return str(cores[int(index) % len(cores)] if index.isdigit() else cores[0])
 
 
+# The CPU environment and the model cache are the rollout demo's (examples/rollout/vllm.py): the
+# engine's OpenMP threads on this process's core, a 1 GiB KV cache, no hub, graceful's log lines shown.
 ENGINE_CORE = _engine_core()
 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ENGINE_CORE  # for the demo's replicas (test_rollout_vllm.py)
 VLLM_ENV = {**CPU_ENV, "VLLM_CPU_OMP_THREADS_BIND": ENGINE_CORE}
