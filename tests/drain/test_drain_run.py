@@ -16,12 +16,9 @@ from graceful._drain._admission import WOULD_NOT_FINISH
 from graceful._drain._durations import quiet_seconds
 from graceful._drain._ledger import COMPLETED, Tracked
 from graceful._drain._state import core
-from tests.drain import test_quiet
-from tests.drain.test_quiet import FakeTime
+from tests.drain.conftest import FakeTime
 
 pytestmark = pytest.mark.anyio
-
-clock = test_quiet.clock  # the fixture of the drain's own clock, still until a test moves it
 
 
 class Item(Tracked):

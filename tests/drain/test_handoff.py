@@ -14,13 +14,10 @@ import pytest
 from graceful import Drain, DrainResult, State
 from graceful._drain._ledger import CANCELLED, COMPLETED, HANDED_OFF, Ledger
 from graceful._drain._state import core
-from tests.drain import test_quiet
+from tests.drain.conftest import FakeTime
 from tests.drain.test_drain_run import Item, serving
-from tests.drain.test_quiet import FakeTime
 
 pytestmark = pytest.mark.anyio
-
-clock = test_quiet.clock  # the fixture of the drain's own clock, still until a test moves it
 
 
 class Stream(Item):

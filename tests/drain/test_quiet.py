@@ -27,31 +27,9 @@ from graceful._admin._client import WorkerDrain
 from graceful._asgi._types import Message, Receive, Scope, Send
 from graceful._cli._drain_client import _progress_line
 from graceful._drain._state import core
+from tests.drain.conftest import FakeTime
 
 pytestmark = pytest.mark.anyio
-
-
-class FakeTime:
-    """Stands in for ``time`` in graceful._drain._state, _core and _run only (the event loop keeps
-    real time)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return 1_700_000_000.0 + self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
-    fake = FakeTime()
-    monkeypatch.setattr(graceful._drain._state, "time", fake)
-    monkeypatch.setattr(graceful._drain._core, "time", fake)
-    monkeypatch.setattr(graceful._drain._run, "time", fake)
-    return fake
 
 
 async def ok_app(scope: Scope, receive: Receive, send: Send) -> None:
