@@ -29,8 +29,12 @@ KINDS = (RETRYING, STRICT)
 # What a request that did not end ok and was not refused lost: its answer, at a drain's deadline.
 _LOST = ("ended_by_server", "truncated", "ambiguous", "http_error", "timeout", "token_mismatch")
 # The promise: extra refusals under fits stay below this share of the requests that reached a draining
-# replica during its propagation wait.
+# replica during its propagation wait. Below 1 / EXTRA_SHARE arrivals (the quick run's waits see about 15)
+# a single refusal already passes the share: one is the sample's resolution, so there the limit reads as
+# one at most. Admission judges by the slow end of the pace it saw (HIGH), this count by the median
+# answer, so a stream near the deadline can land on either side of it.
 EXTRA_SHARE = 0.05
+EXTRA_FLOOR = 1
 # A deadline's cut reaches the client this long after the deadline at most (unwind_timeout and the network).
 _CUT_SLACK = 3.0
 
@@ -143,14 +147,15 @@ def _arrived_in_wait(attempt: Attempt, windows: list[_Window]) -> _Window | None
 
 def broken(fits: Counts) -> list[str]:
     """What admission fits promised and did not keep: no answer of a retrying client lost at a deadline, and
-    extra refusals below ``EXTRA_SHARE`` of the requests that reached a draining replica during its wait."""
+    extra refusals below ``EXTRA_SHARE`` of the requests that reached a draining replica during its wait
+    (``EXTRA_FLOOR`` at most where the sample is too small for the share to allow one)."""
     problems = []
     if fits.lost[RETRYING]:
         problems.append(f"retrying clients lost {fits.lost[RETRYING]} answer(s) at a deadline with admission fits")
-    if fits.arrived and fits.extra >= EXTRA_SHARE * fits.arrived:
+    if fits.extra > EXTRA_FLOOR and fits.extra >= EXTRA_SHARE * fits.arrived:
         problems.append(
             f"{fits.extra} refusal(s) of {fits.arrived} arrivals during the waits would have finished "
-            f"(limit: under {EXTRA_SHARE:.0%})"
+            f"(limit: under {EXTRA_SHARE:.0%}, or {EXTRA_FLOOR} below {round(1 / EXTRA_SHARE)} arrivals)"
         )
     return problems
 
