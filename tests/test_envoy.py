@@ -33,14 +33,19 @@ pytestmark = [
 )
 async def test_an_envoy_that_health_checks_stops_sending_at_the_announcement(announce: bool, active_hc: bool) -> None:
     """1. replicas a and b behind Envoy (active health checks of /ready every 30 s, or none), strict
-    POST clients 2. a drains (propagation wait 8 s, quiet 1 s); Envoy's EDS keeps listing it
+    POST clients 2. a drains (propagation wait 8 s, quiet 1 s where Envoy hears the announcement, else
+    3 s); Envoy's EDS keeps listing it
     3. announced, health-checked: Envoy sends a no request more than 1.5 s after the first response
     that carried x-envoy-immediate-health-check-fail (its access log), and a's propagation phase
     ends by the quiet rule, at most 1.5 + 1 s after that response; not announced, or without
     health checks (Envoy ignores the header): Envoy keeps sending to a for the 7 s the traffic
     lasts 4. 0 failed requests in every case"""
-    options = {"propagation_wait": 8, "propagation_quiet": 1, "announce_drain": announce}
     heard_at_once = announce and active_hc
+    # Quiet 1 s is what the announced case measures. Where Envoy sends on, a pause of the clients (a
+    # loaded host stalls for seconds) would end the wait by the quiet rule and prove nothing of Envoy:
+    # 3 s there. Envoy's access log (the last request to a, below) is the evidence.
+    quiet = 1 if heard_at_once else 3
+    options = {"propagation_wait": 8, "propagation_quiet": quiet, "announce_drain": announce}
     stop, outcomes = anyio.Event(), Outcomes()
     async with (
         replica("a", **options) as a,

@@ -144,11 +144,13 @@ def start_server(name: str, socket_dir: str, **env: str) -> Iterator[tuple[Serve
         "uvicorn-httptools": [py, "-m", "uvicorn", target, "--port", "0", "--http", "httptools"],
         "gunicorn": [py, "-m", "gunicorn", "-k", "uvicorn_worker.UvicornWorker", "--workers", "2", "--bind", "{bind}",
                      target],
-        # --workers 0: the app runs in hypercorn's main process (see the compatibility table).
+        # --workers 0: the app runs in hypercorn's main process (see the compatibility table). Its graceful
+        # timeout (3 s by default) is 30 s here, as gunicorn's: an exit a server's timeout held comes long
+        # after the last frame, far from one that follows the drain (sigterm_during_streams).
         "hypercorn-asyncio": [py, "-m", "hypercorn", target, "--bind", "{bind}", "--workers", "0",
-                              "--worker-class", "asyncio"],
+                              "--worker-class", "asyncio", "--graceful-timeout", "30"],
         "hypercorn-trio": [py, "-m", "hypercorn", target, "--bind", "{bind}", "--workers", "0",
-                           "--worker-class", "trio"],
+                           "--worker-class", "trio", "--graceful-timeout", "30"],
         "graceful-run": [py, "-m", "graceful", "run", target, "--host", "127.0.0.1", "--port", "0"],
         # The asyncio loop, whatever is installed: granian picks uvloop when it can (see the uvloop test).
         "granian": [py, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "0", "--loop",
@@ -245,7 +247,7 @@ def sigterm_during_streams(name: str, socket_dir: str, *, group: bool = False) -
     3. /ready returns 503 (the drain began at SIGTERM: the next step is still inside its propagation wait)
     4. during the propagation wait, a request on a new connection is served (admit mode)
     5. every stream ends whole with [DONE]
-    6. the process exits soon after the last frame (within 2 s: no server timeout held it)
+    6. the process exits soon after the last frame (within 10 s: no server timeout, 30 s here, held it)
     """
     env = {"COMPAT_ADMIT": "default", "COMPAT_PROPAGATION_WAIT": str(PROPAGATION_WAIT)}
     with start_server(name, socket_dir, **env) as (server, log):
@@ -271,10 +273,11 @@ def sigterm_during_streams(name: str, socket_dir: str, *, group: bool = False) -
             thread.join(15)
             assert_whole(stream, log.text())
         last_frame = max(stream.ended_at or 0.0 for stream, _ in streams)
-        server.process.wait(10)
+        server.process.wait(15)
         exited = time.monotonic()
-        # Tens of ms when quiet: the exit follows the drain, not a server timeout (hypercorn waits 3 s, others more).
-        assert exited - last_frame <= 2.0, (exited - last_frame, log.text())
+        # Tens of ms when quiet, seconds on a loaded host: the exit follows the drain, not a server timeout
+        # (30 s for hypercorn and gunicorn here; uvicorn waits for open connections without one).
+        assert exited - last_frame <= 10.0, (exited - last_frame, log.text())
 
 
 @pytest.mark.parametrize("name", SERVERS)
