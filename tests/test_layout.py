@@ -247,7 +247,8 @@ ONE_PLACE = {
     "HANDLED_SIGNALS": "_asgi._stop",
     "REPEAT_WINDOW": "_asgi._stop",
     "REFUSAL": "_asgi._refusal",
-    "NOT_STARTED_HEADER": "_asgi._refusal",
+    "NOT_STARTED_HEADER": "_stream._rules",
+    "RESUMABLE_HEADER": "_stream._rules",
     "GRACE_SHARE": "_engine._config",
     "ConfigError": "_drain._errors",
     "UNSET": "_drain._environ",
@@ -275,6 +276,18 @@ def test_each_rule_is_defined_in_one_module() -> None:
     trees = modules()
     for name, home in ONE_PLACE.items():
         assert [module for module, tree in trees.items() if name in defined_names(tree)] == [home], name
+
+
+def test_each_header_name_is_written_once() -> None:
+    """graceful's own headers are named in code once, where both sides read them (``_stream._rules``):
+    a literal elsewhere is a copy that can drift."""
+    writers = {
+        (module, text)
+        for module, tree in modules().items()
+        for text in string_constants(tree) | {b.decode("latin-1") for b in _bytes_constants(tree)}
+        if text.lower().startswith("x-graceful-")
+    }
+    assert writers == {("_stream._rules", "x-graceful-not-started"), ("_stream._rules", "x-graceful-resumable")}
 
 
 def string_constants(tree: ast.Module) -> set[str]:

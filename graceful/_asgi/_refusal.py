@@ -15,13 +15,13 @@ import anyio
 
 from .._drain._admission import WOULD_NOT_FINISH
 from .._drain._status import State
+from .._stream._rules import NOT_STARTED_HEADER
 from ._answers import json_response
 from ._shared import Shared
 from ._types import Receive, Scope, Send
 
 __all__ = [
     "HTTP1",
-    "NOT_STARTED_HEADER",
     "REFUSAL",
     "REFUSAL_BODY_LIMIT",
     "TRY_AGAIN_LATER",
@@ -30,8 +30,8 @@ __all__ = [
     "request_id",
 ]
 
-# Marks a 503 whose request never reached the app, so a gateway knows a retry is safe.
-NOT_STARTED_HEADER = b"x-graceful-not-started"
+# The header that marks a refusal not started (its name's home: ``_stream/_rules.py``).
+_NOT_STARTED = NOT_STARTED_HEADER.encode()
 TRY_AGAIN_LATER = 1013  # RFC 6455 registry: the close code of a refused handshake without the denial extension
 
 # HTTP versions whose connections a response closes with ``connection: close``.
@@ -74,7 +74,7 @@ def request_id(shared: Shared, scope: Scope) -> bytes:
 def _refusal(shared: Shared, scope: Scope, reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The body and headers of a refusal, for HTTP and the WebSocket denial alike."""
     body = json.dumps({"error": {"message": _MESSAGES[reason], "type": reason, "code": 503}}).encode()
-    headers = [(b"retry-after", shared.retry_after), (NOT_STARTED_HEADER, b"1"), *shared.announce()]
+    headers = [(b"retry-after", shared.retry_after), (_NOT_STARTED, b"1"), *shared.announce()]
     if shared.request_id_header is not None:
         headers.append((shared.request_id_header, request_id(shared, scope)))
     return body, headers

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from .._stream._ends import ends_whole
-from .._stream._rules import event_stream, final_event, json_object
+from .._stream._rules import NOT_STARTED_HEADER, event_stream, final_event, json_object
 from ._report import Attempt
 
 __all__ = ["COUNT_WORD", "Outcome", "count_mismatch", "describe", "run_attempt"]
@@ -82,7 +82,7 @@ async def run_attempt(
             attempt.headers, attempt.status = True, response.status_code
             attempt.served_by = response.headers.get("x-served-by") or response.headers.get(_GATEWAY_SERVED_BY)
             attempt.replay = response.headers.get("x-idempotent-replay", "").lower() == "true"
-            attempt.not_started = "x-graceful-not-started" in response.headers
+            attempt.not_started = NOT_STARTED_HEADER in response.headers
             outcome.retry_after = _seconds(response.headers.get("retry-after"))
             hint = response.headers.get("x-should-retry", "").lower()
             outcome.should_retry = {"true": True, "false": False}.get(hint)

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 __all__ = [
+    "NOT_STARTED_HEADER",
     "RESUMABLE_HEADER",
     "engine_dead",
     "engine_dead_body",
@@ -26,6 +27,9 @@ __all__ = [
 
 # A client that can continue a cut stream elsewhere says so on its request (docs/resume.md).
 RESUMABLE_HEADER = "x-graceful-resumable"
+# Marks a 503 whose request never reached the app, so a client or gateway knows a retry is safe
+# (docs/protocol.md): written by the refusal (``_asgi/_refusal.py``), read by ``graceful soak``.
+NOT_STARTED_HEADER = "x-graceful-not-started"
 
 # What an engine's HTTP server says once its engine has died, as opposed to a request that failed
 # (docs/resume.md, "An engine that died"). Each is the fixed message of the engine's own error:
