@@ -206,9 +206,8 @@ def judge_drain(
         bound, fix = f"{{timeout}} is {timeout:g}s", "raise {timeout}"
     elif drain_timeout is not None and drain_timeout <= limit:
         bound, fix = f"{{drain_timeout}} is {drain_timeout:g}s", "raise {drain_timeout}"
-    else:
-        room = limit if grace is None else grace - reserve
-        bound = f"{{grace_period}} {grace:g}s leaves the drain {room:g}s after the reserve {reserve:g}s"
+    else:  # neither cap binds, so the grace period is set and the limit is its room after the reserve
+        bound = f"{{grace_period}} {grace:g}s leaves the drain {limit:g}s after the reserve {reserve:g}s"
         fix = "raise {grace_period}, the pod's terminationGracePeriodSeconds"
     check_wait(wait, limit, bound=bound, fix=fix)
     return limit
