@@ -105,7 +105,8 @@ def grace_seconds(value: str | float) -> float:
 
 
 def drain_timeout_seconds(value: str | float) -> float:
-    """A drain timeout: refused at 0, which would end every request at the drain's start (leaving it
+    """A drain timeout, the server's (``drain_timeout``) or one drain's own (``timeout``): refused at 0,
+    which would end every request at the drain's start, where many tools read 0 as no limit (leaving it
     unset leaves the drain ``grace_period - reserve``)."""
     timeout = seconds(value)
     if timeout <= 0:
@@ -142,13 +143,14 @@ def reserve_seconds(value: str | float, grace: float) -> float:
 RULES = {
     "grace_period": grace_seconds,
     "drain_timeout": drain_timeout_seconds,
+    "timeout": drain_timeout_seconds,
     "propagation_quiet": quiet_seconds,
 }
 
 
 def check_option(option: str, value: str | float) -> float:
-    """``value`` in seconds, held to the rule of ``option`` alone (``RULES``; a plain duration for the others,
-    a drain's own ``timeout`` among them). Rules between options (the quiet period against the wait, the wait
+    """``value`` in seconds, held to the rule of ``option`` alone (``RULES``; a plain duration for the others).
+    Rules between options (the quiet period against the wait, the wait
     against the drain) come later, once all are known."""
     return RULES.get(option, seconds)(value)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ._admission import MODES, Admission, check_mode, read_mode
 from ._budget import BUDGET_DECLARED, Budget, not_none
-from ._durations import check_quiet
+from ._durations import RULES, check_quiet
 from ._environ import FLAG, UNSET, Env, Given, Kind, callable_kind, declared, duration, option
 from ._errors import ConfigError, reported
 
@@ -161,6 +161,10 @@ _OWN = declared(DrainConfig)
 # Every drain option, in the order of the documentation's table: the budget's, then the drain's own.
 DRAIN_DECLARED = _BUDGET | _OWN
 DRAIN_OPTIONS = frozenset(DRAIN_DECLARED)
-# What a drain's overrides take: the budget's wait and quiet period, and its own timeout (no rule alone).
+# What a drain's overrides take: the budget's wait and quiet period, and its own timeout (the drain
+# timeout's rule: above 0).
 _OVERRIDES: dict[str, tuple[Any, Env]] = {name: _BUDGET[name] for name in ("propagation_wait", "propagation_quiet")}
-_OVERRIDES["timeout"] = (None, Env(duration(optional=True), "a duration", "this drain's timeout", None, None))
+_OVERRIDES["timeout"] = (
+    None,
+    Env(duration(RULES["timeout"], optional=True), "a duration", "this drain's timeout", None, None),
+)

@@ -71,7 +71,15 @@ def test_a_flag_is_held_to_its_options_rule_with_its_name_and_the_value_as_typed
 
 def test_a_value_that_holds_its_rule_is_its_seconds() -> None:
     assert check_option("grace_period", "1m30s") == 90.0
-    assert check_option("timeout", "0") == 0.0  # a drain's own timeout has no rule alone
+    assert check_option("timeout", "90s") == 90.0
+
+
+@pytest.mark.parametrize("option", ["drain_timeout", "timeout"])
+def test_a_drain_timeout_of_0_is_refused_with_the_fix(option: str) -> None:
+    """0 would end every request at the drain's start (many tools read it as no limit): the server's drain
+    timeout and one drain's own are refused alike, naming unset as the way to the grace period's limit."""
+    with pytest.raises(ConfigError, match=r"'0' leaves no time to drain; .*leave it unset"):
+        check_option(option, "0")
 
 
 def test_a_flag_holds_the_rule_its_field_declares() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from graceful._drain._ledger import COMPLETED
 from graceful._drain._state import core
+from tests.drain.conftest import FakeTime
 from tests.drain.test_drain_run import Item, serving
 
 
@@ -26,9 +27,10 @@ def test_during_a_drain_it_judges_the_time_left_to_its_deadline() -> None:
     assert 9.0 < left <= 10.0
 
 
-def test_past_the_deadline_it_leaves_nothing() -> None:
+def test_past_the_deadline_it_leaves_nothing(clock: FakeTime) -> None:
     drain = serving()
-    drain.begin_drain(timeout=0)
+    drain.begin_drain(timeout=1)
+    clock.now += 1.5
     assert core(drain).outlook().left == 0.0
 
 
