@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from examples.rollout.litellm import START_LIMIT
 from tests.docs.commands import shell_commands, words
 from tests.servers import Launched
 from tests.utils import ROOT
@@ -119,19 +120,25 @@ class LiteLLMProxy(Launched):
                 start_new_session=own_session, process_group=None if own_session else 0,
             )  # fmt: skip
 
-    def wait_serving(self, limit: float = 90) -> LiteLLMProxy:
-        """Until the port is bound and LiteLLM's own liveness answers (its config and router are loaded)."""
-        deadline = time.monotonic() + limit
-        self.wait_port(limit)
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log[-6000:]
-            try:
-                if httpx.get(self.url("/health/liveliness"), timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"LiteLLM not serving after {limit}s:\n{self.log[-6000:]}")
+    def wait_serving(self, limit: float = START_LIMIT) -> LiteLLMProxy:
+        """Until the port is bound and LiteLLM's own liveness answers (its config and router are loaded).
+        A proxy that never serves is stopped here: left running, it fails the next test of the worker
+        (an unreaped process)."""
+        try:
+            deadline = time.monotonic() + limit
+            self.wait_port(limit)
+            while time.monotonic() < deadline:
+                assert self.process.poll() is None, self.log[-6000:]
+                try:
+                    if httpx.get(self.url("/health/liveliness"), timeout=2).status_code == 200:
+                        return self
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            raise AssertionError(f"LiteLLM not serving after {limit}s:\n{self.log[-6000:]}")
+        except BaseException:
+            self.stop()
+            raise
 
     def usage(self) -> list[dict[str, Any]]:
         if not self.usage_path.exists():
