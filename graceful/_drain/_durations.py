@@ -150,8 +150,8 @@ RULES = {
 
 def check_option(option: str, value: str | float) -> float:
     """``value`` in seconds, held to the rule of ``option`` alone (``RULES``; a plain duration for the others).
-    Rules between options (the quiet period against the wait, the wait
-    against the drain) come later, once all are known."""
+    Rules between options (the quiet period against the wait, the wait against the drain) come later,
+    once all are known."""
     return RULES.get(option, seconds)(value)
 
 

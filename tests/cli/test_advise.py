@@ -82,7 +82,9 @@ def test_a_known_mix_is_reported_within_a_bucket_and_the_share_at_risk_exactly(e
         took = list(pool.map(lambda job: send(example, *job), mix))
     # The slowest the client saw of the requests of at most so many tokens bounds any figure whose rank
     # falls among those requests.
-    seen = {tokens: max(t for (n, _), t in zip(mix, took, strict=True) if n <= tokens) for tokens, _ in mix}
+    seen = {
+        tokens: max(t for (n, _), t in zip(mix, took, strict=True) if n <= tokens) for tokens in {n for n, _ in mix}
+    }
     budget = ("--grace-period", "8s", "--reserve", "1s", "--propagation-wait", "1s")
     done = graceful("advise", "--socket-dir", example.socket_dir, "--json", *budget)
     assert done.returncode == 1, (done.stdout, done.stderr)  # something is at risk, and --max-cut is 0
