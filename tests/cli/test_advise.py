@@ -44,26 +44,22 @@ def graceful(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str
 CLIENT = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def send(server: Launched, tokens: int, stream: bool) -> float:
-    """One completion of ``tokens`` tokens (the example server takes ``tokens / RATE`` seconds at
-    least); the seconds the client saw it take, which hold the server's own."""
+def send(server: Launched, tokens: int, stream: bool) -> None:
+    """One completion of ``tokens`` tokens: the example server takes ``tokens / RATE`` seconds."""
     body = {"model": "m", "prompt": "hi", "max_tokens": tokens, "stream": stream}
-    sent = time.monotonic()
     answer = CLIENT.post(server.url("/v1/completions"), json=body)
     assert answer.status_code == 200, answer.text
-    return time.monotonic() - sent
 
 
 def bucket(seconds: float) -> int:
     return bisect.bisect_left(BOUNDS, seconds)
 
 
-def within_its_bucket(reported: float, tokens: int, seen: dict[int, float]) -> bool:
-    """The server's figure is a bucket's upper bound. The requests of ``tokens`` tokens its rank falls
-    among took at least the example server's time for them, and at most what the client saw the slowest
-    of at most so many tokens take (``seen``: a loaded host stretches both alike), plus the sweep's
-    rounding up (less than 0.1 s)."""
-    return bucket(tokens / RATE) <= bucket(reported) <= bucket(seen[tokens] + 0.1)
+def within_one_bucket(reported: float, tokens: int) -> bool:
+    """The server's figure is a bucket's upper bound. The truth is the example server's time for
+    ``tokens`` tokens; the request's own overhead and the sweep's rounding up (less than 0.1 s)
+    may lift it into the next bucket, never lower."""
+    return bucket(tokens / RATE) <= bucket(reported) <= bucket(tokens / RATE) + 1
 
 
 @pytest.fixture
@@ -79,23 +75,18 @@ def test_a_known_mix_is_reported_within_a_bucket_and_the_share_at_risk_exactly(e
     long streams, 2 of 16, are at risk; refusing during the wait (7 s covered), none."""
     mix = [(10, False)] * 10 + [(40, True)] * 4 + [(200, True)] * 2
     with ThreadPoolExecutor(8) as pool:
-        took = list(pool.map(lambda job: send(example, *job), mix))
-    # The slowest the client saw of the requests of at most so many tokens bounds any figure whose rank
-    # falls among those requests.
-    seen = {
-        tokens: max(t for (n, _), t in zip(mix, took, strict=True) if n <= tokens) for tokens in {n for n, _ in mix}
-    }
+        list(pool.map(lambda job: send(example, *job), mix))
     budget = ("--grace-period", "8s", "--reserve", "1s", "--propagation-wait", "1s")
     done = graceful("advise", "--socket-dir", example.socket_dir, "--json", *budget)
     assert done.returncode == 1, (done.stdout, done.stderr)  # something is at risk, and --max-cut is 0
     advice = json.loads(done.stdout)
     assert advice["requests"] == 16 and advice["source"] == "2 workers"
     figures = advice["percentiles"]
-    assert within_its_bucket(figures["plain"]["max"], 10, seen)
-    assert within_its_bucket(figures["stream"]["p50"], 40, seen)
-    assert within_its_bucket(figures["stream"]["max"], 200, seen)
-    assert within_its_bucket(figures["all"]["p50"], 10, seen)
-    assert within_its_bucket(figures["all"]["p95"], 200, seen)
+    assert within_one_bucket(figures["plain"]["max"], 10)
+    assert within_one_bucket(figures["stream"]["p50"], 40)
+    assert within_one_bucket(figures["stream"]["max"], 200)
+    assert within_one_bucket(figures["all"]["p50"], 10)
+    assert within_one_bucket(figures["all"]["p95"], 200)
     assert advice["in_force"]["covers"] == 3.0
     assert advice["at_risk"] == {"plain": 0, "stream": 2, "all": 2, "share": 0.125}
     assert advice["verdict"] == "cuts"
